@@ -1,0 +1,222 @@
+"""Model configurations: one frozen dataclass per family, standard library only.
+
+``torch_ref`` imports these same classes, so the two frameworks can never be built from different
+hyper-parameters. A frozen config is hashable and can be a static argument to ``jax.jit``.
+Presets are classmethods; variants use ``dataclasses.replace(config, field=value)``.
+
+Architecture switches on which the seeds and their real-world descendants differ are fields here,
+not forks of the model code:
+
+- ``activation``: ``"gelu"`` (exact, erf), ``"gelu_tanh"`` (GPT-2's approximation) or ``"relu"``;
+- ``pre_norm``: LayerNorm before each sub-layer (GPT-2) or after the residual add (BERT, 2017);
+- ``embedding_layer_norm`` / ``final_layer_norm``: LayerNorm after the embeddings / after the stack;
+- ``tie_word_embeddings``: the output projection reuses the token embedding matrix;
+- ``position_embedding_type``: ``"learned"`` table or fixed ``"sinusoidal"`` encoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
+POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _check_common(config, num_layer_fields: tuple[str, ...]) -> None:
+    """Validation shared by every family; raises ``ValueError`` naming the bad field."""
+    name = type(config).__name__
+    if config.hidden_size % config.num_heads != 0:
+        raise ValueError(
+            f"{name}: hidden_size ({config.hidden_size}) is not divisible by "
+            f"num_heads ({config.num_heads})"
+        )
+    positive = ("hidden_size", "num_heads", "intermediate_size", "max_position_embeddings")
+    for field in positive + num_layer_fields:
+        if getattr(config, field) <= 0:
+            raise ValueError(f"{name}: {field} must be positive, got {getattr(config, field)}")
+    if config.activation not in ACTIVATIONS:
+        raise ValueError(f"{name}: activation {config.activation!r} is not one of {ACTIVATIONS}")
+    if config.dtype not in DTYPES:
+        raise ValueError(f"{name}: dtype {config.dtype!r} is not one of {DTYPES}")
+    for field in ("dropout_rate", "attention_dropout_rate"):
+        if not 0.0 <= getattr(config, field) < 1.0:
+            raise ValueError(f"{name}: {field} must be in [0, 1), got {getattr(config, field)}")
+    if config.layer_norm_eps <= 0:
+        raise ValueError(f"{name}: layer_norm_eps must be positive, got {config.layer_norm_eps}")
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """BERT (encoder-only). Defaults are BERT-base, uncased (Devlin et al., 2018)."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    activation: str = "gelu"
+    layer_norm_eps: float = 1e-12
+    dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.1
+    pre_norm: bool = False
+    embedding_layer_norm: bool = True
+    tie_word_embeddings: bool = True  # masked-LM decoder shares the word embedding matrix
+    num_labels: int = 2  # BertForSequenceClassification
+    pad_token_id: int = 0
+    initializer_range: float = 0.02
+    dtype: str = "float32"  # compute dtype; parameters are always float32
+
+    def __post_init__(self):
+        _check_common(self, ("num_layers", "vocab_size", "type_vocab_size", "num_labels"))
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @classmethod
+    def base(cls) -> BertConfig:
+        """BERT-base: 12 layers, hidden 768, 12 heads, 110M parameters."""
+        return cls()
+
+    @classmethod
+    def tiny(cls) -> BertConfig:
+        """A few thousand parameters, for tests and the default ``jaxformer parity`` run."""
+        return cls(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=37,
+                   max_position_embeddings=64, type_vocab_size=3)
+
+    @classmethod
+    def simple_bert(cls) -> BertConfig:
+        """Seed 000's ``SimpleBertModel`` defaults (no attention-probability dropout)."""
+        return cls(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=256,
+                   attention_dropout_rate=0.0)
+
+    @classmethod
+    def bert_explained(cls) -> BertConfig:
+        """Seed 001's ``BertConfig``: BERT-base sizes, torch's default LayerNorm eps (1e-5)."""
+        return cls(layer_norm_eps=1e-5)
+
+    @classmethod
+    def d2l_bert(cls) -> BertConfig:
+        """Seed 003's d2l ``BERTModel``: ReLU, no embedding LayerNorm, untied masked-LM decoder."""
+        return cls(vocab_size=10000, hidden_size=768, num_layers=2, num_heads=4,
+                   intermediate_size=1024, max_position_embeddings=1000, activation="relu",
+                   layer_norm_eps=1e-5, dropout_rate=0.2, attention_dropout_rate=0.2,
+                   embedding_layer_norm=False, tie_word_embeddings=False)
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """The encoder-decoder Transformer. Defaults are the base model of Vaswani et al. (2017)."""
+
+    src_vocab_size: int = 37000
+    tgt_vocab_size: int = 37000
+    hidden_size: int = 512
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    num_heads: int = 8
+    intermediate_size: int = 2048
+    max_position_embeddings: int = 512
+    activation: str = "relu"
+    layer_norm_eps: float = 1e-5
+    dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.0
+    position_embedding_type: str = "sinusoidal"
+    scale_embeddings: bool = True  # multiply token embeddings by sqrt(hidden_size) (paper 3.4)
+    share_embeddings: bool = True  # one embedding matrix for source and target (needs one vocab)
+    tie_word_embeddings: bool = True  # output projection reuses the target embedding matrix
+    pre_norm: bool = False
+    final_layer_norm: bool = False  # LayerNorm after each stack, as torch.nn.Transformer adds
+    src_pad_id: int = 0
+    tgt_pad_id: int = 0
+    initializer_range: float = 0.02
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        _check_common(self, ("num_encoder_layers", "num_decoder_layers", "src_vocab_size",
+                             "tgt_vocab_size"))
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(f"TransformerConfig: position_embedding_type "
+                             f"{self.position_embedding_type!r} is not one of "
+                             f"{POSITION_EMBEDDING_TYPES}")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(f"TransformerConfig: share_embeddings needs src_vocab_size "
+                             f"({self.src_vocab_size}) == tgt_vocab_size ({self.tgt_vocab_size})")
+        for field, vocab in (("src_pad_id", self.src_vocab_size),
+                             ("tgt_pad_id", self.tgt_vocab_size)):
+            if not 0 <= getattr(self, field) < vocab:
+                raise ValueError(f"TransformerConfig: {field} ({getattr(self, field)}) is "
+                                 f"outside the vocabulary [0, {vocab})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @classmethod
+    def base(cls) -> TransformerConfig:
+        """The paper's base model: 6+6 layers, d_model 512, 8 heads, d_ff 2048, shared vocab."""
+        return cls()
+
+    @classmethod
+    def tiny(cls) -> TransformerConfig:
+        return cls(src_vocab_size=23, tgt_vocab_size=29, hidden_size=32, num_encoder_layers=2,
+                   num_decoder_layers=2, num_heads=4, intermediate_size=37,
+                   max_position_embeddings=64, share_embeddings=False, tie_word_embeddings=False)
+
+    @classmethod
+    def simple_transformer(cls) -> TransformerConfig:
+        """Seed 002's ``Transformer`` defaults (vocabularies of 10 from its example)."""
+        return cls(src_vocab_size=10, tgt_vocab_size=10, hidden_size=256, num_heads=8,
+                   intermediate_size=1024, max_position_embeddings=100, dropout_rate=0.0,
+                   scale_embeddings=False, share_embeddings=False, tie_word_embeddings=False)
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """GPT (decoder-only). Defaults are GPT-2 small (Radford et al., 2019)."""
+
+    vocab_size: int = 50257
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 1024
+    activation: str = "gelu_tanh"
+    layer_norm_eps: float = 1e-5
+    dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.1
+    pre_norm: bool = True
+    embedding_layer_norm: bool = False
+    final_layer_norm: bool = True
+    tie_word_embeddings: bool = True
+    pad_token_id: int = 0  # only used to fill padded positions in examples; GPT-2 has none
+    initializer_range: float = 0.02
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        _check_common(self, ("num_layers", "vocab_size"))
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @classmethod
+    def gpt2(cls) -> GPTConfig:
+        """GPT-2 small: 12 layers, 768, 12 heads, 1024 positions, 124M parameters."""
+        return cls()
+
+    @classmethod
+    def tiny(cls) -> GPTConfig:
+        return cls(vocab_size=101, hidden_size=32, num_layers=2, num_heads=4,
+                   intermediate_size=37, max_position_embeddings=64)
+
+    @classmethod
+    def simple_gpt(cls) -> GPTConfig:
+        """Seed 004's ``SimpleGPTModel``: post-LN, embedding LayerNorm, exact GELU, untied head."""
+        return cls(vocab_size=30522, hidden_size=128, num_layers=4, num_heads=4,
+                   intermediate_size=256, max_position_embeddings=512, activation="gelu",
+                   attention_dropout_rate=0.0, pre_norm=False, embedding_layer_norm=True,
+                   final_layer_norm=False, tie_word_embeddings=False)
+

@@ -1,0 +1,89 @@
+"""Weights between a torch_ref ``state_dict`` and a jaxformer NNX model (numpy in, numpy out).
+
+The dotted NNX parameter path equals the torch key up to the leaf, so four rules do it all:
+
+=============  ===============  ==========================================
+NNX leaf       torch leaf       transform
+=============  ===============  ==========================================
+``kernel``     ``weight``       transpose (``nnx.Linear`` is ``[in, out]``)
+``scale``      ``weight``       none (LayerNorm)
+``embedding``  ``weight``       none (Embedding)
+``bias``       ``bias``         none
+=============  ===============  ==========================================
+
+Key sets must match exactly and every shape must agree; otherwise nothing is loaded and the error
+lists every missing, unexpected and mis-shaped key. Tied weights exist once on both sides.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flax import nnx
+
+LEAF_RULES = {  # NNX leaf -> (torch leaf, transpose?)
+    "kernel": ("weight", True),
+    "scale": ("weight", False),
+    "embedding": ("weight", False),
+    "bias": ("bias", False),
+}
+
+
+class StateDictMismatchError(ValueError):
+    """The state_dict does not fit the model: lists missing, unexpected and mis-shaped keys."""
+
+
+def _torch_layout(model: nnx.Module) -> dict[str, tuple[nnx.Variable, bool]]:
+    """torch key -> (the NNX parameter it maps to, whether it is transposed)."""
+    layout = {}
+    for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        leaf = str(path[-1])
+        if leaf not in LEAF_RULES:
+            raise ValueError(f"parameter {'.'.join(map(str, path))} has leaf {leaf!r}, which has "
+                             f"no torch counterpart (known: {sorted(LEAF_RULES)})")
+        torch_leaf, transpose = LEAF_RULES[leaf]
+        layout[".".join([*map(str, path[:-1]), torch_leaf])] = (variable, transpose)
+    return layout
+
+
+def _to_numpy(value) -> np.ndarray:
+    if hasattr(value, "detach"):  # torch.Tensor, without importing torch
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":
+            value = value.float()
+        value = value.numpy()
+    return np.asarray(value)
+
+
+def nnx_to_torch(model: nnx.Module) -> dict[str, np.ndarray]:
+    """The model's parameters as a torch-keyed ``state_dict`` of numpy arrays."""
+    out = {}
+    for key, (variable, transpose) in _torch_layout(model).items():
+        value = np.asarray(variable.get_value())
+        out[key] = np.ascontiguousarray(value.T) if transpose else value
+    return out
+
+
+def torch_to_nnx(state_dict, model: nnx.Module) -> nnx.Module:
+    """Load a torch ``state_dict`` (tensors or arrays) into ``model`` in place; returns ``model``."""
+    layout = _torch_layout(model)
+    given = {key: _to_numpy(value) for key, value in state_dict.items()}
+    missing = sorted(layout.keys() - given.keys())
+    unexpected = sorted(given.keys() - layout.keys())
+    misshaped = []
+    for key in sorted(layout.keys() & given.keys()):
+        variable, transpose = layout[key]
+        want = tuple(variable.get_value().shape)
+        want = want[::-1] if transpose else want
+        if tuple(given[key].shape) != want:
+            misshaped.append(f"{key}: got {tuple(given[key].shape)}, expected {want}")
+    if missing or unexpected or misshaped:
+        lines = [f"state_dict does not match {type(model).__name__}; nothing was loaded."]
+        for title, items in (("missing keys", missing), ("unexpected keys", unexpected),
+                             ("mis-shaped keys", misshaped)):
+            if items:
+                lines.append(f"  {title} ({len(items)}): " + ", ".join(items))
+        raise StateDictMismatchError("\n".join(lines))
+    for key, (variable, transpose) in layout.items():
+        value = given[key].T if transpose else given[key]
+        variable.set_value(np.asarray(value, dtype=variable.get_value().dtype))
+    return model

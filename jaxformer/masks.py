@@ -1,0 +1,48 @@
+"""Attention masks. Convention (DESIGN.md): boolean ``[batch, 1, q_len, k_len]``, True = may attend.
+
+This is the convention of ``jax.nn.dot_product_attention`` and of torch SDPA's boolean mask. The
+public input is a Hugging Face style ``attention_mask`` of shape ``[batch, seq]`` with 1/True for
+a real token. Masks are combined with logical AND; ``None`` means "attend everywhere".
+
+A query row whose keys are all masked gets every score replaced by the same ``MASK_VALUE``, so its
+softmax is uniform and its output is the mean of all value vectors: finite, and identical in both
+frameworks (torch_ref uses the same constant). Such rows carry no meaning; compare them only in
+tests about padded rows.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+# The value jax.nn.dot_product_attention fills masked float32 logits with: finite, and small
+# enough that exp(MASK_VALUE - max) is exactly 0 next to any real score.
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+def lengths_to_attention_mask(lengths, max_len: int) -> jnp.ndarray:
+    """``[batch]`` valid lengths (seed 003's ``valid_lens``) -> ``[batch, max_len]`` bool mask."""
+    lengths = jnp.asarray(lengths)
+    return jnp.arange(max_len)[None, :] < lengths[:, None]
+
+
+def padding_mask(attention_mask) -> jnp.ndarray:
+    """``[batch, k_len]`` 1/0 mask -> ``[batch, 1, 1, k_len]``: every query may see real keys."""
+    return jnp.asarray(attention_mask).astype(bool)[:, None, None, :]
+
+
+def causal_mask(q_len: int, k_len: int | None = None) -> jnp.ndarray:
+    """``[1, 1, q_len, k_len]``: query i sees keys j <= i (+ k_len - q_len when they differ)."""
+    k_len = q_len if k_len is None else k_len
+    return jnp.tril(jnp.ones((q_len, k_len), dtype=bool), k=k_len - q_len)[None, None]
+
+
+def combine_masks(*masks) -> jnp.ndarray | None:
+    """Logical AND of the masks that are not None (broadcasting); None if all are None."""
+    masks = [m for m in masks if m is not None]
+    if not masks:
+        return None
+    out = masks[0]
+    for m in masks[1:]:
+        out = jnp.logical_and(out, m)
+    return out
