@@ -1,0 +1,115 @@
+"""GPT (decoder-only) in Flax NNX: seed 004 and GPT-2. Twin: ``torch_ref/gpt.py``.
+
+Token + learned position embeddings (optional LayerNorm, dropout) -> a stack of causal
+Transformer blocks (pre-LN for GPT-2, post-LN for seed 004) -> optional final LayerNorm -> the LM
+head, tied to the token embedding (GPT-2) or its own ``lm_head`` (seed 004).
+
+Masks. The public ``attention_mask`` is ``[batch, seq]``, 1 for a real token; the causal mask is
+built here and combined with it by logical AND, so no caller-supplied mask can open the future to
+a query. Seed 004 passes a 4-D ``[B, 1, T, T]`` multiplicative mask instead; that form is refused
+with a ``ValueError`` because a mask of ones there would, in a model that trusted it, make the
+decoder bidirectional. Give the ``[batch, seq]`` padding mask (all ones = seed 004's example).
+
+Positions follow the real tokens: with a mask, ``position_ids = cumsum(mask) - 1`` at real tokens
+and 0 at padding, so a left-padded prompt (how batches are fed for generation) gets at its real
+positions exactly the logits of the same prompt unpadded. Without a mask, ``arange(seq)``.
+
+A padded query row (left padding puts them first) has every key masked: as masks.py documents,
+its softmax is then uniform over all keys. Such rows are finite, equal in both frameworks, and
+meaningless; nothing real attends to them.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer import validate
+from jaxformer.config import GPTConfig
+from jaxformer.layers import TransformerBlock, embedding, layer_norm, linear
+from jaxformer.masks import causal_mask, combine_masks, padding_mask
+
+
+def check_inputs(config: GPTConfig, input_ids, attention_mask=None) -> None:
+    """Raise ``ValueError`` naming the problem: bad rank, ids outside the vocabulary, a sequence
+    longer than the position table, or a mask that is not ``[batch, seq]`` of 0/1."""
+    validate.check_rank("input_ids", input_ids, 2)
+    if attention_mask is not None and len(attention_mask.shape) != 2:
+        raise ValueError(
+            f"attention_mask must have shape [batch, seq] = {tuple(input_ids.shape)} with 1 for "
+            f"a real token and 0 for padding, got shape {tuple(attention_mask.shape)}. GPT builds "
+            f"its causal mask itself; a 4-D [batch, 1, seq, seq] mask (seed 004's form) is not "
+            f"accepted because it could let a token attend to later tokens.")
+    validate.check_token_inputs(input_ids, config.vocab_size, config.max_position_embeddings,
+                                attention_mask)
+    if attention_mask is not None:
+        validate.check_ids("attention_mask", attention_mask, 2)
+
+
+def position_ids_from_mask(attention_mask) -> jnp.ndarray:
+    """``[batch, seq]`` 1/0 mask -> positions counting real tokens only; 0 at padding."""
+    mask = jnp.asarray(attention_mask).astype(bool)
+    return jnp.where(mask, jnp.cumsum(mask, axis=-1, dtype=jnp.int32) - 1, 0)
+
+
+def attention_mask_4d(attention_mask, seq_len: int) -> jnp.ndarray:
+    """Causal AND padding: boolean ``(B or 1, 1, T, T)``, True = may attend."""
+    padding = None if attention_mask is None else padding_mask(attention_mask)  # (B, 1, 1, T)
+    return combine_masks(causal_mask(seq_len), padding)
+
+
+class GPTEmbeddings(nnx.Module):
+    def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs):
+        self.word_embeddings = embedding(config.vocab_size, config, rngs=rngs)
+        self.position_embeddings = embedding(config.max_position_embeddings, config, rngs=rngs)
+        self.layer_norm = layer_norm(config, rngs=rngs) if config.embedding_layer_norm else None
+        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+
+    def __call__(self, input_ids, position_ids=None):
+        """``(B, T)`` ids and positions (broadcastable; default ``arange(T)``) -> ``(B, T, C)``."""
+        if position_ids is None:
+            position_ids = jnp.arange(input_ids.shape[1])[None]
+        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        return self.dropout(x)
+
+
+class GPT(nnx.Module):
+    """``(input_ids, attention_mask) -> logits (B, T, vocab)``; ``hidden_states`` stops before
+    the head. ``attention_mask`` is ``[batch, seq]`` (1 = real token) or None (no padding)."""
+
+    def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.embeddings = GPTEmbeddings(config, rngs=rngs)
+        self.blocks = nnx.List([TransformerBlock(config, rngs=rngs)
+                                for _ in range(config.num_layers)])
+        self.final_layer_norm = layer_norm(config, rngs=rngs) if config.final_layer_norm else None
+        self.lm_head = (None if config.tie_word_embeddings else
+                        linear(config.hidden_size, config.vocab_size, config, rngs=rngs,
+                               use_bias=False))
+
+    def hidden_states(self, input_ids, attention_mask=None):
+        """``(B, T, C)`` after the last block and the final LayerNorm (when the config has one)."""
+        check_inputs(self.config, input_ids, attention_mask)
+        T = input_ids.shape[1]
+        if attention_mask is None:
+            position_ids = jnp.arange(T)[None]  # (1, T)
+        else:
+            position_ids = position_ids_from_mask(attention_mask)  # (B, T)
+        mask = attention_mask_4d(attention_mask, T)  # (B or 1, 1, T, T)
+        x = self.embeddings(input_ids, position_ids)
+        for block in self.blocks:
+            x = block(x, mask)
+        if self.final_layer_norm is not None:
+            x = self.final_layer_norm(x)
+        return x
+
+    def logits(self, hidden_states):
+        """The LM head: ``(..., C) -> (..., vocab)``, through the token embedding when tied."""
+        if self.lm_head is None:
+            return self.embeddings.word_embeddings.attend(hidden_states)
+        return self.lm_head(hidden_states)
+
+    def __call__(self, input_ids, attention_mask=None):
+        return self.logits(self.hidden_states(input_ids, attention_mask))
