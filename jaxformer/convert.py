@@ -17,6 +17,7 @@ lists every missing, unexpected and mis-shaped key. Tied weights exist once on b
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -85,5 +86,7 @@ def torch_to_nnx(state_dict, model: nnx.Module) -> nnx.Module:
         raise StateDictMismatchError("\n".join(lines))
     for key, (variable, transpose) in layout.items():
         value = given[key].T if transpose else given[key]
-        variable.set_value(np.asarray(value, dtype=variable.get_value().dtype))
+        # Copy into a JAX array: ``tensor.numpy()`` shares the tensor's memory, so a numpy view
+        # kept here would silently follow later in-place updates of the torch model.
+        variable.set_value(jnp.asarray(np.array(value, dtype=variable.get_value().dtype)))
     return model

@@ -1,0 +1,224 @@
+"""The encoder-decoder Transformer (Vaswani et al., 2017) in Flax NNX: seed 002.
+
+Twin: ``torch_ref/encoder_decoder.py``.
+
+Each side embeds its tokens (scaled by sqrt(hidden) as in the paper, 3.4) and adds positions
+(the fixed sinusoidal table of 3.5, or a learned one) -> the encoder, a stack of
+``TransformerBlock`` -> the decoder, whose layers add cross-attention over the encoder output
+between causal self-attention and the feed-forward -> the output projection to the target
+vocabulary, optionally tied to the target token embedding.
+
+Fixed bugs of seed 002 (see DESIGN.md): full ``C -> C`` query/key/value projections instead of a
+shared per-head ``Linear(head_dim, head_dim)``; softmax over keys and scaling by sqrt(head_dim)
+(``layers.attention``); positions index the table instead of being added to it; dropout on the
+decoder's sub-layer output, not its residual input; the target self-attention mask is causal AND
+target padding (the seed's ignored padding).
+
+Masks: the public ``src_mask`` / ``tgt_mask`` are ``[batch, seq]`` 1/0 (1 = real token), built
+from ``config.src_pad_id`` / ``config.tgt_pad_id`` when not given. Inside they become boolean
+``[B, 1, T, S]`` masks, True = may attend: the encoder self-attention masks source padding, the
+decoder self-attention is causal AND target padding, the cross-attention masks source padding.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer import validate
+from jaxformer.config import TransformerConfig
+from jaxformer.layers import (FeedForward, MultiHeadAttention, TransformerBlock, embedding,
+                              layer_norm, linear, sinusoidal_positions)
+from jaxformer.masks import causal_mask, combine_masks, padding_mask
+
+
+# The fixed table of positions, computed once per size on the host.
+sinusoidal_table = functools.lru_cache(maxsize=None)(sinusoidal_positions)
+
+
+class TransformerEmbeddings(nnx.Module):
+    """One side's embeddings: token (times sqrt(hidden) if ``scale_embeddings``) + position.
+
+    With ``config.share_embeddings`` the side owns no token table (``token_embeddings`` is None)
+    and the owning ``Transformer`` passes its ``shared_embeddings`` at call time. Sinusoidal
+    positions are not a parameter and not state either: a numpy constant that ``jit`` folds into
+    the compiled program, so the module holds no array that could leak from a traced
+    ``__init__`` or travel host-to-device on every call. (torch_ref keeps the table as a
+    non-persistent buffer, so that it follows ``.to(device)``.)
+    """
+
+    def __init__(self, config: TransformerConfig, vocab_size: int, *, rngs: nnx.Rngs):
+        learned = config.position_embedding_type == "learned"
+        self.token_embeddings = (None if config.share_embeddings else
+                                 embedding(vocab_size, config, rngs=rngs))
+        self.position_embeddings = (embedding(config.max_position_embeddings, config, rngs=rngs)
+                                    if learned else None)
+        self.max_position_embeddings = config.max_position_embeddings
+        self.scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
+        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+
+    def __call__(self, input_ids, shared_embeddings=None):
+        tokens = self.token_embeddings if self.token_embeddings is not None else shared_embeddings
+        if tokens is None:
+            raise ValueError("TransformerEmbeddings shares its token table: pass shared_embeddings")
+        T = input_ids.shape[1]
+        x = tokens(input_ids) * self.scale  # (B, T, C)
+        if self.position_embeddings is not None:
+            x = x + self.position_embeddings(jnp.arange(T))[None]
+        else:
+            table = sinusoidal_table(self.max_position_embeddings, x.shape[-1])
+            x = x + jnp.asarray(table[:T], x.dtype)[None]  # positions 0 .. T-1
+        return self.dropout(x)
+
+
+EncoderLayer = TransformerBlock  # self-attention + feed-forward, post- or pre-LN (layers.py)
+
+
+class DecoderLayer(nnx.Module):
+    """Causal self-attention, cross-attention over ``memory``, feed-forward.
+
+    Each sub-layer: post-LN ``x = norm(x + dropout(sublayer(x)))`` or
+    pre-LN ``x = x + dropout(sublayer(norm(x)))`` (``config.pre_norm``), as in
+    ``torch.nn.TransformerDecoderLayer``. The memory itself is not normalised here.
+    """
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.self_attention = MultiHeadAttention(config, rngs=rngs)
+        self.self_attention_norm = layer_norm(config, rngs=rngs)
+        self.cross_attention = MultiHeadAttention(config, rngs=rngs)
+        self.cross_attention_norm = layer_norm(config, rngs=rngs)
+        self.feed_forward = FeedForward(config, rngs=rngs)
+        self.ffn_norm = layer_norm(config, rngs=rngs)
+        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+        self.pre_norm = config.pre_norm
+
+    def __call__(self, x, memory, self_mask=None, cross_mask=None):
+        if self.pre_norm:
+            x = x + self.dropout(self.self_attention(self.self_attention_norm(x), mask=self_mask))
+            x = x + self.dropout(self.cross_attention(self.cross_attention_norm(x), memory,
+                                                      cross_mask))
+            return x + self.dropout(self.feed_forward(self.ffn_norm(x)))
+        x = self.self_attention_norm(x + self.dropout(self.self_attention(x, mask=self_mask)))
+        x = self.cross_attention_norm(x + self.dropout(self.cross_attention(x, memory,
+                                                                            cross_mask)))
+        return self.ffn_norm(x + self.dropout(self.feed_forward(x)))
+
+
+class Encoder(nnx.Module):
+    """Embedded source ``(B, S, C)`` -> memory ``(B, S, C)``; ``final_norm`` if configured."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.layers = nnx.List([EncoderLayer(config, rngs=rngs)
+                                for _ in range(config.num_encoder_layers)])
+        self.final_norm = layer_norm(config, rngs=rngs) if config.final_layer_norm else None
+
+    def __call__(self, hidden_states, mask=None):
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, mask)
+        if self.final_norm is not None:
+            hidden_states = self.final_norm(hidden_states)
+        return hidden_states
+
+
+class Decoder(nnx.Module):
+    """Embedded target ``(B, T, C)`` and memory ``(B, S, C)`` -> hidden states ``(B, T, C)``."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.layers = nnx.List([DecoderLayer(config, rngs=rngs)
+                                for _ in range(config.num_decoder_layers)])
+        self.final_norm = layer_norm(config, rngs=rngs) if config.final_layer_norm else None
+
+    def __call__(self, hidden_states, memory, self_mask=None, cross_mask=None):
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, memory, self_mask, cross_mask)
+        if self.final_norm is not None:
+            hidden_states = self.final_norm(hidden_states)
+        return hidden_states
+
+
+def check_source(config: TransformerConfig, src_ids, src_mask) -> None:
+    validate.check_token_inputs(src_ids, config.src_vocab_size, config.max_position_embeddings,
+                                src_mask, name="src_ids", mask_name="src_mask")
+
+
+def check_target(config: TransformerConfig, tgt_ids, tgt_mask) -> None:
+    validate.check_token_inputs(tgt_ids, config.tgt_vocab_size, config.max_position_embeddings,
+                                tgt_mask, name="tgt_ids", mask_name="tgt_mask")
+
+
+def check_memory(memory, tgt_ids, src_mask, hidden_size: int) -> None:
+    """``decode``'s extra checks: memory ``(B, S, C)`` fits the target batch and the source mask."""
+    validate.check_rank("memory", memory, 3)
+    if memory.shape[0] != tgt_ids.shape[0] or memory.shape[2] != hidden_size:
+        raise ValueError(f"memory has shape {tuple(memory.shape)}; expected (batch="
+                         f"{tgt_ids.shape[0]} as in tgt_ids, source length, "
+                         f"hidden_size={hidden_size})")
+    if src_mask is not None and tuple(src_mask.shape) != tuple(memory.shape[:2]):
+        raise ValueError(f"src_mask has shape {tuple(src_mask.shape)} but memory covers "
+                         f"{tuple(memory.shape[:2])} (batch, source length); they must match")
+
+
+class Transformer(nnx.Module):
+    """``(src_ids, tgt_ids, src_mask, tgt_mask) -> logits (B, T, tgt_vocab_size)``.
+
+    ``encode`` and ``decode`` run the two halves on their own (generation builds on them).
+    With ``share_embeddings`` both sides read ``shared_embeddings``; with ``tie_word_embeddings``
+    the logits use the target token table, else ``output_projection``.
+    """
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.shared_embeddings = (embedding(config.src_vocab_size, config, rngs=rngs)
+                                  if config.share_embeddings else None)
+        self.src_embeddings = TransformerEmbeddings(config, config.src_vocab_size, rngs=rngs)
+        self.tgt_embeddings = TransformerEmbeddings(config, config.tgt_vocab_size, rngs=rngs)
+        self.encoder = Encoder(config, rngs=rngs)
+        self.decoder = Decoder(config, rngs=rngs)
+        self.output_projection = (None if config.tie_word_embeddings else
+                                  linear(config.hidden_size, config.tgt_vocab_size, config,
+                                         rngs=rngs))
+
+    def encode(self, src_ids, src_mask=None):
+        """``(B, S)`` source ids -> memory ``(B, S, C)``."""
+        cfg = self.config
+        check_source(cfg, src_ids, src_mask)
+        if src_mask is None:
+            src_mask = src_ids != cfg.src_pad_id
+        x = self.src_embeddings(src_ids, self.shared_embeddings)
+        return self.encoder(x, padding_mask(src_mask))  # mask (B, 1, 1, S)
+
+    def decode(self, tgt_ids, memory, src_mask=None, tgt_mask=None):
+        """``(B, T)`` target ids and memory ``(B, S, C)`` -> logits ``(B, T, tgt_vocab_size)``.
+
+        ``src_mask=None`` lets the target attend to every memory position (``decode`` never sees
+        the source ids); ``tgt_mask=None`` is built from ``config.tgt_pad_id``.
+        """
+        cfg = self.config
+        check_target(cfg, tgt_ids, tgt_mask)
+        check_memory(memory, tgt_ids, src_mask, cfg.hidden_size)
+        if tgt_mask is None:
+            tgt_mask = tgt_ids != cfg.tgt_pad_id
+        T = tgt_ids.shape[1]
+        self_mask = combine_masks(causal_mask(T), padding_mask(tgt_mask))  # (B, 1, T, T)
+        cross_mask = None if src_mask is None else padding_mask(src_mask)  # (B, 1, 1, S)
+        y = self.tgt_embeddings(tgt_ids, self.shared_embeddings)
+        hidden_states = self.decoder(y, memory, self_mask, cross_mask)  # (B, T, C)
+        if self.output_projection is not None:
+            return self.output_projection(hidden_states)
+        tokens = (self.shared_embeddings if self.shared_embeddings is not None
+                  else self.tgt_embeddings.token_embeddings)
+        return tokens.attend(hidden_states)
+
+    def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None):
+        check_source(self.config, src_ids, src_mask)  # all checks before any computation
+        check_target(self.config, tgt_ids, tgt_mask)
+        if src_ids.shape[0] != tgt_ids.shape[0]:
+            raise ValueError(f"src_ids has batch size {src_ids.shape[0]} but tgt_ids has batch "
+                             f"size {tgt_ids.shape[0]}; they must match")
+        if src_mask is None:
+            src_mask = src_ids != self.config.src_pad_id
+        memory = self.encode(src_ids, src_mask)
+        return self.decode(tgt_ids, memory, src_mask, tgt_mask)
