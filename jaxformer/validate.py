@@ -8,6 +8,7 @@ static and always checked; values can only be checked when they are concrete, i.
 
 from __future__ import annotations
 
+import math
 import sys
 
 
@@ -19,7 +20,7 @@ def is_traced(x) -> bool:
 
 def check_ids(name: str, ids, upper: int) -> None:
     """Raise ``ValueError`` unless every value of ``ids`` lies in ``[0, upper)``."""
-    if is_traced(ids) or ids.size == 0:
+    if is_traced(ids) or math.prod(ids.shape) == 0:  # .size is a method on torch
         return
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= upper:
