@@ -172,27 +172,46 @@ def gpt_rows(preset: str, seed: int) -> Iterator[Row]:
 
 def transformer_rows(preset: str, seed: int) -> Iterator[Row]:
     from jaxformer import encoder_decoder as je
+    from jaxformer import masks as jmasks
     from torch_ref import encoder_decoder as te
+    from torch_ref import masks as tmasks
 
     cfg = TransformerConfig.tiny() if preset == "tiny" else TransformerConfig.base()
     rng = np.random.RandomState(seed)
-    B, S, T = 3, 12, 10
+    B, S, T, C = 3, 12, 10, cfg.hidden_size
     tm, jm = twin(te.Transformer, je.Transformer, cfg, seed)
     src, src_mask = padded_batch(rng, B, S, cfg.src_vocab_size)
     tgt, tgt_mask = padded_batch(rng, B, T, cfg.tgt_vocab_size)
     src, tgt = np.where(src_mask, src, cfg.src_pad_id), np.where(tgt_mask, tgt, cfg.tgt_pad_id)
+    x = rng.standard_normal((B, T, C)).astype(np.float32)
+    memory = rng.standard_normal((B, S, C)).astype(np.float32)
+    real_src, real_tgt = src_mask.astype(bool), tgt_mask.astype(bool)
     t, j = torch.from_numpy, jnp.asarray
+    t_self = tmasks.combine_masks(tmasks.causal_mask(T), tmasks.padding_mask(t(tgt_mask)))
+    j_self = jmasks.combine_masks(jmasks.causal_mask(T), jmasks.padding_mask(j(tgt_mask)))
+    t_cross, j_cross = tmasks.padding_mask(t(src_mask)), jmasks.padding_mask(j(src_mask))
+    tl, jl = tm.decoder.layers[0], jm.decoder.layers[0]
     with torch.inference_mode():
-        memory_t = tm.encode(t(src), t(src_mask))
+        cases = [
+            ("source embeddings", tm.src_embeddings(t(src), tm.shared_embeddings),
+             jm.src_embeddings(j(src), jm.shared_embeddings), real_src),
+            ("encoder", tm.encoder(t(memory), t_cross), jm.encoder(j(memory), j_cross),
+             real_src),
+            ("cross-attention", tl.cross_attention(t(x), t(memory), t_cross),
+             jl.cross_attention(j(x), j(memory), j_cross), real_tgt),
+            ("decoder layer", tl(t(x), t(memory), t_self, t_cross),
+             jl(j(x), j(memory), j_self, j_cross), real_tgt),
+            ("decoder", tm.decoder(t(x), t(memory), t_self, t_cross),
+             jm.decoder(j(x), j(memory), j_self, j_cross), real_tgt),
+        ]
         full_t = tm(t(src), t(tgt), t(src_mask), t(tgt_mask))
         default_t = tm(t(src), t(tgt))
-    memory_j = jm.encode(j(src), j(src_mask))
-    yield compare("transformer", "encoder output", memory_t, memory_j, src_mask.astype(bool))
-    yield compare("transformer", "Transformer: logits", full_t, jm(j(src), j(tgt), j(src_mask),
-                                                                   j(tgt_mask)),
-                  tgt_mask.astype(bool))
+    for name, expected, actual, rows in cases:
+        yield compare("transformer", name, expected, actual, rows)
+    yield compare("transformer", "Transformer: logits", full_t,
+                  jm(j(src), j(tgt), j(src_mask), j(tgt_mask)), real_tgt)
     yield compare("transformer", "Transformer: logits (masks from pad ids)", default_t,
-                  jm(j(src), j(tgt)), tgt_mask.astype(bool))
+                  jm(j(src), j(tgt)), real_tgt)
     yield jit_vs_eager("transformer", "Transformer", jm, j(src), j(tgt), j(src_mask), j(tgt_mask))
 
 
