@@ -10,8 +10,8 @@ __version__ = "0.1.0"
 
 from jaxformer.config import BertConfig, GPTConfig, TransformerConfig  # noqa: E402  (stdlib only)
 
-_SUBMODULES = ("bert", "cli", "convert", "encoder_decoder", "gpt", "hf", "layers", "masks",
-               "validate")
+_SUBMODULES = ("bert", "cli", "convert", "embed", "encoder_decoder", "gpt", "hf", "layers",
+               "masks", "parity", "validate")
 
 __all__ = ["BertConfig", "GPTConfig", "TransformerConfig", *_SUBMODULES]
 

@@ -56,13 +56,17 @@ class BertPooler(nnx.Module):
 
 
 class BertModel(nnx.Module):
-    """``(input_ids, token_type_ids, attention_mask) -> (sequence_output, pooled_output)``."""
+    """``(input_ids, token_type_ids, attention_mask) -> (sequence_output, pooled_output)``.
 
-    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+    ``add_pooler=False`` builds no pooler (``pooled_output`` is then None), as in Hugging Face's
+    ``BertForMaskedLM`` and in checkpoints saved without one.
+    """
+
+    def __init__(self, config: BertConfig, *, add_pooler: bool = True, rngs: nnx.Rngs):
         self.config = config
         self.embeddings = BertEmbeddings(config, rngs=rngs)
         self.encoder = BertEncoder(config, rngs=rngs)
-        self.pooler = BertPooler(config, rngs=rngs)
+        self.pooler = BertPooler(config, rngs=rngs) if add_pooler else None
 
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
         cfg = self.config
@@ -74,7 +78,8 @@ class BertModel(nnx.Module):
         validate.check_ids("token_type_ids", token_type_ids, cfg.type_vocab_size)
         mask = None if attention_mask is None else padding_mask(attention_mask)  # (B, 1, 1, T)
         sequence_output = self.encoder(self.embeddings(input_ids, token_type_ids), mask)
-        return sequence_output, self.pooler(sequence_output)
+        pooled_output = None if self.pooler is None else self.pooler(sequence_output)
+        return sequence_output, pooled_output
 
 
 def gather_positions(hidden_states, positions):
@@ -156,3 +161,18 @@ class BertForSequenceClassification(nnx.Module):
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
         _, pooled_output = self.bert(input_ids, token_type_ids, attention_mask)
         return self.classifier(self.dropout(pooled_output))
+
+
+class BertForMaskedLM(nnx.Module):
+    """Hugging Face's masked-LM model: BERT without pooler, the masked-LM head -> ``mlm_logits``
+    (``(B, P, vocab)`` at ``masked_positions`` when given, else ``(B, T, vocab)``)."""
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.bert = BertModel(config, add_pooler=False, rngs=rngs)
+        self.mlm = BertMLMHead(config, rngs=rngs)
+
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
+                 masked_positions=None):
+        sequence_output, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        return self.mlm(sequence_output, masked_positions, self.bert.embeddings.word_embeddings)

@@ -26,15 +26,16 @@ DTYPES = ("float32", "bfloat16", "float16")
 def _check_common(config, num_layer_fields: tuple[str, ...]) -> None:
     """Validation shared by every family; raises ``ValueError`` naming the bad field."""
     name = type(config).__name__
+    # Positivity first: num_heads=0 must be a ValueError, not a ZeroDivisionError below.
+    positive = ("hidden_size", "num_heads", "intermediate_size", "max_position_embeddings")
+    for field in positive + num_layer_fields:
+        if getattr(config, field) <= 0:
+            raise ValueError(f"{name}: {field} must be positive, got {getattr(config, field)}")
     if config.hidden_size % config.num_heads != 0:
         raise ValueError(
             f"{name}: hidden_size ({config.hidden_size}) is not divisible by "
             f"num_heads ({config.num_heads})"
         )
-    positive = ("hidden_size", "num_heads", "intermediate_size", "max_position_embeddings")
-    for field in positive + num_layer_fields:
-        if getattr(config, field) <= 0:
-            raise ValueError(f"{name}: {field} must be positive, got {getattr(config, field)}")
     if config.activation not in ACTIVATIONS:
         raise ValueError(f"{name}: activation {config.activation!r} is not one of {ACTIVATIONS}")
     if config.dtype not in DTYPES:

@@ -54,12 +54,12 @@ class BertPooler(nn.Module):
 
 
 class BertModel(nn.Module):
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, *, add_pooler: bool = True):
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
-        self.pooler = BertPooler(config)
+        self.pooler = BertPooler(config) if add_pooler else None
         self.apply(partial(init_weights, std=config.initializer_range))
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None):
@@ -72,7 +72,8 @@ class BertModel(nn.Module):
         validate.check_ids("token_type_ids", token_type_ids, cfg.type_vocab_size)
         mask = None if attention_mask is None else padding_mask(attention_mask)  # (B, 1, 1, T)
         sequence_output = self.encoder(self.embeddings(input_ids, token_type_ids), mask)
-        return sequence_output, self.pooler(sequence_output)
+        pooled_output = None if self.pooler is None else self.pooler(sequence_output)
+        return sequence_output, pooled_output
 
 
 def gather_positions(hidden_states, positions):
@@ -146,3 +147,17 @@ class BertForSequenceClassification(nn.Module):
     def forward(self, input_ids, token_type_ids=None, attention_mask=None):
         _, pooled_output = self.bert(input_ids, token_type_ids, attention_mask)
         return self.classifier(self.dropout(pooled_output))
+
+
+class BertForMaskedLM(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooler=False)
+        self.mlm = BertMLMHead(config)
+        self.apply(partial(init_weights, std=config.initializer_range))
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None,
+                masked_positions=None):
+        sequence_output, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        return self.mlm(sequence_output, masked_positions, self.bert.embeddings.word_embeddings)
