@@ -12,6 +12,8 @@ import argparse
 import json
 import sys
 
+from jaxformer import embed as embed_module
+
 
 def _parity(args) -> int:
     from jaxformer import parity
@@ -67,19 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         "embed", help="sentence embeddings and their cosine similarities",
         description="Embed TEXTs with a Hugging Face sentence-transformers BERT directory (mean "
                     "pooling over real tokens) and print their cosine-similarity matrix.")
-    try:
-        from jaxformer import embed as embed_module
-    except ImportError as err:  # pragma: no cover - only if the module is broken
-        embed.set_defaults(func=lambda args: _unavailable("embed", err))
-    else:
-        embed_module.add_arguments(embed)
-        embed.set_defaults(func=embed_module.run)
+    embed_module.add_arguments(embed)
+    embed.set_defaults(func=embed_module.run)
     return parser
-
-
-def _unavailable(name: str, err: Exception) -> int:
-    print(f"jaxformer {name}: unavailable: {err}", file=sys.stderr)
-    return 2
 
 
 def main(argv=None) -> int:
