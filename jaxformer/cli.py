@@ -1,9 +1,9 @@
-"""The ``jaxformer`` command.
+"""The jaxformer command.
 
-``jaxformer parity``  builds every family in Flax NNX and in PyTorch with the same seeded weights
-                      and prints, per component, the max abs difference and its bound.
-``jaxformer embed``   sentence embeddings from a Hugging Face BERT directory and their
-                      cosine-similarity matrix.
+  jaxformer parity   builds every family in Flax NNX and in PyTorch with the same seeded weights
+                     and prints, per component, the max abs difference and its bound.
+  jaxformer embed    sentence embeddings from a Hugging Face BERT directory and their
+                     cosine-similarity matrix.
 """
 
 from __future__ import annotations
