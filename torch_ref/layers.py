@@ -47,7 +47,7 @@ def attention(q, k, v, mask=None, dropout_p: float = 0.0):
 
     The mask becomes an additive float mask holding MASK_VALUE: a row with every key masked
     then has all scores equal and a uniform softmax, exactly as in jaxformer (SDPA's boolean
-    mask would give NaN there).
+    mask gives zeros there in torch 2.13, NaN in older releases).
     """
     if mask is not None:
         mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask,
