@@ -17,6 +17,9 @@ lists every missing, unexpected and mis-shaped key. Tied weights exist once on b
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -46,6 +49,38 @@ def _torch_layout(model: nnx.Module) -> dict[str, tuple[nnx.Variable, bool]]:
     return layout
 
 
+def torch_shapes(model: nnx.Module) -> dict[str, tuple[int, ...]]:
+    """torch key -> shape, as the torch twin's ``state_dict`` would have them."""
+    return {key: tuple(variable.get_value().shape)[::-1 if transpose else 1]
+            for key, (variable, transpose) in _torch_layout(model).items()}
+
+
+def abstract_model(build: Callable[[], nnx.Module]) -> nnx.Module:
+    """``build()``'s model with abstract parameters (shape and dtype only), to be loaded.
+
+    ``build`` runs under ``jax.jit`` with only the non-parameter state (dropout RNG keys and
+    counts) as output, so XLA drops the random initialisation that loading will overwrite.
+    Eagerly, each new parameter shape would compile its own initialiser, about a second each on
+    a CPU. The RNG state is exactly that of an ordinary construction. A parameter left unloaded
+    stays abstract and fails loudly at the first forward pass.
+    """
+    skeleton = {}
+
+    def make():
+        graphdef, params, rest = nnx.split(build(), nnx.Param, ...)
+        skeleton["graphdef"] = graphdef
+        skeleton["params"] = [  # plain data: the Variables themselves belong to this trace
+            (path, type(v), v.get_metadata(),
+             jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype))
+            for path, v in nnx.to_flat_state(params)]
+        return rest
+
+    rest = jax.jit(make)()
+    params = nnx.from_flat_state([(path, kind(value, **metadata))
+                                  for path, kind, metadata, value in skeleton["params"]])
+    return nnx.merge(skeleton["graphdef"], params, rest)
+
+
 def _to_numpy(value) -> np.ndarray:
     if hasattr(value, "detach"):  # torch.Tensor, without importing torch
         value = value.detach().cpu()
@@ -65,16 +100,18 @@ def nnx_to_torch(model: nnx.Module) -> dict[str, np.ndarray]:
 
 
 def torch_to_nnx(state_dict, model: nnx.Module) -> nnx.Module:
-    """Load a torch ``state_dict`` (tensors or arrays) into ``model`` in place; returns ``model``."""
+    """Load a torch ``state_dict`` (tensors or arrays) into ``model`` in place; returns ``model``.
+
+    ``model`` may be concrete or from :func:`abstract_model` (the fast way to build one only to
+    load it)."""
     layout = _torch_layout(model)
     given = {key: _to_numpy(value) for key, value in state_dict.items()}
     missing = sorted(layout.keys() - given.keys())
     unexpected = sorted(given.keys() - layout.keys())
     misshaped = []
+    shapes = torch_shapes(model)
     for key in sorted(layout.keys() & given.keys()):
-        variable, transpose = layout[key]
-        want = tuple(variable.get_value().shape)
-        want = want[::-1] if transpose else want
+        want = shapes[key]
         if tuple(given[key].shape) != want:
             misshaped.append(f"{key}: got {tuple(given[key].shape)}, expected {want}")
     if missing or unexpected or misshaped:

@@ -567,45 +567,20 @@ def _build(arch: Architecture, config, framework: str, pooler: bool):
     kwargs = {} if pooler else {"add_pooler": False}
     if framework == "torch":
         return cls(config, **kwargs)
-    # Built under jit with only the dropout RNG state as output: XLA drops the random parameter
-    # initialisation the checkpoint will overwrite. Eagerly, every new parameter shape compiles
-    # its own initialiser (about a second each on CPU: ~10 s for MiniLM, ~4 s this way). The
-    # parameters stay abstract (shape and dtype) until the caller fills them.
-    import jax
     from flax import nnx
 
-    skeleton = {}
+    from jaxformer.convert import abstract_model
 
-    def make():
-        graphdef, params, rest = nnx.split(cls(config, **kwargs, rngs=nnx.Rngs(0)), nnx.Param,
-                                           ...)
-        skeleton["graphdef"] = graphdef
-        skeleton["params"] = [  # plain data: the Variables themselves belong to this trace
-            (path, type(v), v.get_metadata(),
-             jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype))
-            for path, v in nnx.to_flat_state(params)]
-        return rest
-
-    rest = jax.jit(make)()
-    params = nnx.from_flat_state([(path, kind(value, **metadata))
-                                  for path, kind, metadata, value in skeleton["params"]])
-    return nnx.merge(skeleton["graphdef"], params, rest)
+    return abstract_model(lambda: cls(config, **kwargs, rngs=nnx.Rngs(0)))
 
 
 def _expected_shapes(model) -> dict[str, tuple[int, ...]]:
     """Our torch-style key -> shape, for a jaxformer or torch_ref model."""
     if hasattr(model, "state_dict"):
         return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    from flax import nnx
+    from jaxformer.convert import torch_shapes
 
-    from jaxformer.convert import LEAF_RULES
-
-    shapes = {}
-    for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        leaf, transpose = LEAF_RULES[str(path[-1])]
-        shape = tuple(variable.get_value().shape)
-        shapes[".".join([*map(str, path[:-1]), leaf])] = shape[::-1] if transpose else shape
-    return shapes
+    return torch_shapes(model)
 
 
 def from_pretrained(path: str | os.PathLike, framework: str = "jax", *,

@@ -61,7 +61,7 @@ def compare(family, component, expected, actual, rows=None, tol=FORWARD_RTOL) ->
 def twin(torch_cls, jax_cls, config, seed: int):
     torch.manual_seed(seed)
     torch_model = torch_cls(config).eval()
-    jax_model = jax_cls(config, rngs=nnx.Rngs(seed))
+    jax_model = convert.abstract_model(lambda: jax_cls(config, rngs=nnx.Rngs(seed)))
     convert.torch_to_nnx(torch_model.state_dict(), jax_model)
     jax_model.eval()
     return torch_model, jax_model

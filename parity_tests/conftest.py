@@ -65,7 +65,7 @@ def twin_pair(torch_cls, jax_cls, config, seed: int = 0):
     """The torch twin built from ``seed`` and the NNX model loaded with its weights, both in eval."""
     torch.manual_seed(seed)
     torch_model = torch_cls(config).eval()
-    jax_model = jax_cls(config, rngs=nnx.Rngs(seed + 1))
+    jax_model = convert.abstract_model(lambda: jax_cls(config, rngs=nnx.Rngs(seed + 1)))
     convert.torch_to_nnx(torch_model.state_dict(), jax_model)
     jax_model.eval()
     return torch_model, jax_model

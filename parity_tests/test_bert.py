@@ -60,20 +60,11 @@ def randomize_(module: torch.nn.Module, seed: int, std: float = 0.3) -> torch.nn
 
 
 def load_nnx(jax_cls, config, state_dict, seed: int = 0):
-    """The NNX model holding ``state_dict``, built without running its random initialisers.
-
-    ``torch_to_nnx`` overwrites every parameter, so the model is built abstractly
-    (``nnx.eval_shape``) and only its dropout rng streams get concrete keys. This skips one
-    threefry compilation per parameter shape (about a second each on a 2-core CPU), and a
-    parameter that conversion failed to set would stay abstract and fail the forward loudly.
-    The ordinary construction path is exercised by the dropout tests and ``test_convert.py``.
-    """
-    model = nnx.eval_shape(lambda: jax_cls(config, rngs=nnx.Rngs(seed)))
+    """The NNX model holding ``state_dict``, built without running its random initialisers
+    (``convert.abstract_model``); the ordinary construction path is exercised by the dropout
+    tests and ``test_convert.py``."""
+    model = convert.abstract_model(lambda: jax_cls(config, rngs=nnx.Rngs(seed)))
     convert.torch_to_nnx(state_dict, model)
-    for i, (_, var) in enumerate(nnx.to_flat_state(nnx.state(model, nnx.RngKey))):
-        var.set_value(jax.random.key(seed * 1000 + i))
-    for _, var in nnx.to_flat_state(nnx.state(model, nnx.RngCount)):
-        var.set_value(jnp.zeros(var.get_value().shape, jnp.uint32))
     model.eval()
     return model
 
