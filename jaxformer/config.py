@@ -45,6 +45,10 @@ def _check_common(config, num_layer_fields: tuple[str, ...]) -> None:
             raise ValueError(f"{name}: {field} must be in [0, 1), got {getattr(config, field)}")
     if config.layer_norm_eps <= 0:
         raise ValueError(f"{name}: layer_norm_eps must be positive, got {config.layer_norm_eps}")
+    pad = getattr(config, "pad_token_id", None)
+    if pad is not None and not 0 <= pad < config.vocab_size:
+        raise ValueError(f"{name}: pad_token_id ({pad}) is outside the vocabulary "
+                         f"[0, {config.vocab_size})")
 
 
 @dataclass(frozen=True)

@@ -170,6 +170,8 @@ def test_bad_activation_name(activation):
     ("attention_dropout_rate", -0.1, r"attention_dropout_rate must be in \[0, 1\)"),
     ("layer_norm_eps", 0.0, "layer_norm_eps must be positive"),
     ("dtype", "float64", "dtype 'float64' is not one of"),
+    ("pad_token_id", 99, r"pad_token_id \(99\) is outside the vocabulary \[0, 99\)"),
+    ("pad_token_id", -1, r"pad_token_id \(-1\) is outside the vocabulary"),
 ])
 def test_other_config_errors(field, value, message):
     with pytest.raises(ValueError, match=message):
