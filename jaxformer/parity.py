@@ -10,7 +10,7 @@ and 1e-6 x max(1, max |eager output|) for the jitted model against the eager one
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import importlib.util
 import time
 from collections.abc import Callable, Iterator
 
