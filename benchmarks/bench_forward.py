@@ -467,12 +467,22 @@ def bench_model(name, args, jax, jnp, torch, nnx, jdev, tdev, sync, peak):
         for _ in range(args.warmup):
             run_jax()
             run_torch()
-        quiet = wait_for_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
-        load_before = loadavg()
-        with ForeignLoad() as foreign:
-            times, other = time_interleaved({"jaxformer": run_jax, "torch_ref": run_torch},
-                                            args.repeats, args.clock)
-        load_after = loadavg()
+        best = None
+        for attempt in range(1 + max(0, args.retries)):
+            quiet = (wait_for_quiet(args.wait_quiet, args.max_foreign) if args.wait_quiet > 0
+                     else None)
+            load_before = loadavg()
+            with ForeignLoad() as foreign:
+                timed = time_interleaved({"jaxformer": run_jax, "torch_ref": run_torch},
+                                         args.repeats, args.clock)
+            load_after = loadavg()
+            if best is None or (foreign.cores or 0.0) < (best[3].cores or 0.0):
+                best = (timed, quiet, load_before, foreign, load_after, attempt)
+            if foreign.cores is None or foreign.cores <= args.max_foreign:
+                break
+            print(f"  {name}: other processes used {foreign.cores:.2f} cores during timing "
+                  f"(> {args.max_foreign}); timing again", flush=True)
+        (times, other), quiet, load_before, foreign, load_after, attempt = best
 
     # The peak again after the model: on a shared machine one measurement can land in a busy
     # moment; the device peak is the best rate seen in either.
@@ -493,6 +503,7 @@ def bench_model(name, args, jax, jnp, torch, nnx, jdev, tdev, sync, peak):
            "jax_compile_s": compile_s, "max_rel_output_diff": max_diff,
            "loadavg_before": load_before, "loadavg_after": load_after,
            "foreign_cores_during_timing": foreign.cores, "foreign_cores_before": quiet,
+           "timing_attempts": attempt + 1,
            "measured_at_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "peak": peak}
     for k, v in times.items():
@@ -638,7 +649,12 @@ def parse_args(argv=None):
                         "`taskset -c 1 ... --threads 1 --clock cpu` on a shared machine")
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                    help="before timing each model, wait up to this long for other processes "
-                        "to use under 0.25 cores (shared machines)")
+                        "to use under --max-foreign cores (shared machines)")
+    p.add_argument("--retries", type=int, default=0,
+                   help="time a model again (at most this many more times) when other "
+                        "processes used more than --max-foreign cores during its rounds; the "
+                        "quietest attempt is kept")
+    p.add_argument("--max-foreign", type=float, default=0.25, metavar="CORES")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tag", default="", help="suffix for the result file names (experiments)")
     p.add_argument("--no-merge", action="store_true",
