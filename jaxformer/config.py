@@ -16,15 +16,47 @@ not forks of the model code:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
 DTYPES = ("float32", "bfloat16", "float16")
+# How attention is computed (the weights are the same): "xla" and "cudnn" call
+# jax.nn.dot_product_attention with that implementation (cuDNN is flash attention on NVIDIA GPUs),
+# "einsum" is the explicit path, the only one that can drop attention probabilities, and "auto"
+# takes "xla" unless attention dropout is active. torch_ref: "einsum" is its explicit matmul path,
+# every other value is torch's scaled_dot_product_attention.
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "einsum")
+
+_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def _check_types(config) -> None:
+    """Each field holds its annotated type (``hidden_size=32.0`` or ``num_heads="4"`` is refused
+    here, not deep inside a layer); bools are not accepted as numbers."""
+    name = type(config).__name__
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        allowed = _TYPES.get(str(field.type))
+        if allowed is None:
+            continue
+        if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
+            raise TypeError(f"{name}: {field.name} must be {field.type}, got "
+                            f"{type(value).__name__} {value!r}")
+
+
+class _ModelConfig:
+    """What every family's config shares: the derived ``head_dim``."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
 
 
 def _check_common(config, num_layer_fields: tuple[str, ...]) -> None:
     """Validation shared by every family; raises ``ValueError`` naming the bad field."""
+    _check_types(config)
     name = type(config).__name__
     # Positivity first: num_heads=0 must be a ValueError, not a ZeroDivisionError below.
     positive = ("hidden_size", "num_heads", "intermediate_size", "max_position_embeddings")
@@ -38,6 +70,9 @@ def _check_common(config, num_layer_fields: tuple[str, ...]) -> None:
         )
     if config.activation not in ACTIVATIONS:
         raise ValueError(f"{name}: activation {config.activation!r} is not one of {ACTIVATIONS}")
+    if config.attention_implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"{name}: attention_implementation {config.attention_implementation!r} "
+                         f"is not one of {ATTENTION_IMPLEMENTATIONS}")
     if config.dtype not in DTYPES:
         raise ValueError(f"{name}: dtype {config.dtype!r} is not one of {DTYPES}")
     for field in ("dropout_rate", "attention_dropout_rate"):
@@ -52,7 +87,7 @@ def _check_common(config, num_layer_fields: tuple[str, ...]) -> None:
 
 
 @dataclass(frozen=True)
-class BertConfig:
+class BertConfig(_ModelConfig):
     """BERT (encoder-only). Defaults are BERT-base, uncased (Devlin et al., 2018)."""
 
     vocab_size: int = 30522
@@ -73,13 +108,10 @@ class BertConfig:
     pad_token_id: int = 0
     initializer_range: float = 0.02
     dtype: str = "float32"  # compute dtype; parameters are always float32
+    attention_implementation: str = "auto"
 
     def __post_init__(self):
         _check_common(self, ("num_layers", "vocab_size", "type_vocab_size", "num_labels"))
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
 
     @classmethod
     def base(cls) -> BertConfig:
@@ -113,7 +145,7 @@ class BertConfig:
 
 
 @dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(_ModelConfig):
     """The encoder-decoder Transformer. Defaults are the base model of Vaswani et al. (2017)."""
 
     src_vocab_size: int = 37000
@@ -138,6 +170,7 @@ class TransformerConfig:
     tgt_pad_id: int = 0
     initializer_range: float = 0.02
     dtype: str = "float32"
+    attention_implementation: str = "auto"
 
     def __post_init__(self):
         _check_common(self, ("num_encoder_layers", "num_decoder_layers", "src_vocab_size",
@@ -154,10 +187,6 @@ class TransformerConfig:
             if not 0 <= getattr(self, field) < vocab:
                 raise ValueError(f"TransformerConfig: {field} ({getattr(self, field)}) is "
                                  f"outside the vocabulary [0, {vocab})")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
 
     @classmethod
     def base(cls) -> TransformerConfig:
@@ -179,7 +208,7 @@ class TransformerConfig:
 
 
 @dataclass(frozen=True)
-class GPTConfig:
+class GPTConfig(_ModelConfig):
     """GPT (decoder-only). Defaults are GPT-2 small (Radford et al., 2019)."""
 
     vocab_size: int = 50257
@@ -199,13 +228,10 @@ class GPTConfig:
     pad_token_id: int = 0  # only used to fill padded positions in examples; GPT-2 has none
     initializer_range: float = 0.02
     dtype: str = "float32"
+    attention_implementation: str = "auto"
 
     def __post_init__(self):
         _check_common(self, ("num_layers", "vocab_size"))
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
 
     @classmethod
     def gpt2(cls) -> GPTConfig:

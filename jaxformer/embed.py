@@ -9,7 +9,7 @@ plus a few small files that say how to turn token vectors into one vector per te
 
 This module reads them, tokenizes with ``tokenizers`` from ``tokenizer.json`` (padding to the
 longest text of the batch, truncating to ``max_seq_length``, the tokenizer file's own fixed
-padding is overridden as sentence-transformers does), runs :class:`jaxformer.bert.BertModel`
+padding is overridden as sentence-transformers does), runs :class:`jaxformer.models.bert.BertModel`
 and pools and normalises exactly as sentence-transformers does. A directory without
 ``modules.json`` is treated as sentence-transformers treats a plain model: mean pooling, no
 normalisation. Pipelines with other modules (``Dense``, ...) are refused.
@@ -77,7 +77,7 @@ class SentenceEncoder:
         from flax import nnx
         from tokenizers import Tokenizer
 
-        from jaxformer import hf
+        from jaxformer.checkpoints import hf
 
         root = Path(model_dir)
         if not root.is_dir():

@@ -1,4 +1,4 @@
-"""BERT (Devlin et al., 2018) in Flax NNX: seeds 000, 001 and 003. Twin: ``torch_ref/bert.py``.
+"""BERT (Devlin et al., 2018) in Flax NNX: seeds 000, 001 and 003. Twin: ``torch_ref/models/bert.py``.
 
 Embeddings (token + segment + learned position, LayerNorm, dropout) -> a stack of post-LN
 Transformer blocks -> the pooler (``[CLS]`` -> dense -> tanh), with the masked-LM and
@@ -12,8 +12,9 @@ from flax import nnx
 
 from jaxformer import validate
 from jaxformer.config import BertConfig
-from jaxformer.layers import ACTIVATIONS, TransformerBlock, embedding, layer_norm, linear
-from jaxformer.masks import padding_mask
+from jaxformer.nn.layers import ACTIVATIONS, TransformerBlock
+from jaxformer.nn.params import embedding, layer_norm, linear
+from jaxformer.nn.masks import padding_mask
 
 
 class BertEmbeddings(nnx.Module):
@@ -69,13 +70,9 @@ class BertModel(nnx.Module):
         self.pooler = BertPooler(config, rngs=rngs) if add_pooler else None
 
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
-        cfg = self.config
-        validate.check_token_inputs(input_ids, cfg.vocab_size, cfg.max_position_embeddings,
-                                    attention_mask)
+        validate.check_bert_inputs(self.config, input_ids, token_type_ids, attention_mask)
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
-        validate.check_same_shape("token_type_ids", token_type_ids, "input_ids", input_ids)
-        validate.check_ids("token_type_ids", token_type_ids, cfg.type_vocab_size)
         mask = None if attention_mask is None else padding_mask(attention_mask)  # (B, 1, 1, T)
         sequence_output = self.encoder(self.embeddings(input_ids, token_type_ids), mask)
         pooled_output = None if self.pooler is None else self.pooler(sequence_output)
@@ -83,13 +80,14 @@ class BertModel(nnx.Module):
 
 
 def gather_positions(hidden_states, positions):
-    """``(B, T, C)`` and ``(B, P)`` positions -> ``(B, P, C)``, as seed 003's ``MaskLM`` does."""
-    validate.check_rank("masked_positions", positions, 2)
-    if positions.shape[0] != hidden_states.shape[0]:
-        raise ValueError(f"masked_positions has batch size {positions.shape[0]} but the "
-                         f"sequence has batch size {hidden_states.shape[0]}")
-    validate.check_ids("masked_positions", positions, hidden_states.shape[1])
-    return jnp.take_along_axis(hidden_states, positions[:, :, None], axis=1)
+    """``(B, T, C)`` and ``(B, P)`` positions -> ``(B, P, C)``, as seed 003's ``MaskLM`` does.
+
+    A position outside ``[0, T)`` (negative included) that reaches here under ``jit`` reads a row
+    of NaN, never a real position (see ``jaxformer.nn.params.Embed``)."""
+    validate.check_masked_positions(positions, hidden_states.shape)
+    positions = jnp.where(positions < 0, hidden_states.shape[1], positions)
+    return jnp.take_along_axis(hidden_states, positions[:, :, None], axis=1, mode="fill",
+                               fill_value=jnp.nan)
 
 
 class BertMLMHead(nnx.Module):

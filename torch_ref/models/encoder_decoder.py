@@ -1,4 +1,4 @@
-"""Twin of ``jaxformer/encoder_decoder.py``: the encoder-decoder Transformer in PyTorch."""
+"""Twin of ``jaxformer/models/encoder_decoder.py``: the encoder-decoder Transformer in PyTorch."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from torch import nn
 
 from jaxformer import validate
 from jaxformer.config import TransformerConfig
-from torch_ref.layers import (FeedForward, MultiHeadAttention, TransformerBlock, init_weights,
-                              layer_norm, sinusoidal_positions)
-from torch_ref.masks import causal_mask, combine_masks, padding_mask
+from jaxformer.numerics import sinusoidal_positions
+from torch_ref.nn.attention import MultiHeadAttention
+from torch_ref.nn.layers import FeedForward, TransformerBlock
+from torch_ref.nn.params import init_weights, layer_norm
+from torch_ref.nn.masks import causal_mask, combine_masks, padding_mask
 
 
 class TransformerEmbeddings(nn.Module):
@@ -25,8 +27,9 @@ class TransformerEmbeddings(nn.Module):
         self.position_embeddings = (nn.Embedding(config.max_position_embeddings,
                                                  config.hidden_size) if learned else None)
         # A constant, not a weight: absent from the state_dict (jaxformer: a jit-time constant).
-        self.register_buffer("position_table", None if learned else sinusoidal_positions(
-            config.max_position_embeddings, config.hidden_size), persistent=False)
+        self.register_buffer("position_table", None if learned else torch.from_numpy(
+            sinusoidal_positions(config.max_position_embeddings, config.hidden_size)),
+            persistent=False)
         self.scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
         self.dropout = nn.Dropout(config.dropout_rate)
 
@@ -100,27 +103,6 @@ class Decoder(nn.Module):
         return hidden_states
 
 
-def check_source(config: TransformerConfig, src_ids, src_mask) -> None:
-    validate.check_token_inputs(src_ids, config.src_vocab_size, config.max_position_embeddings,
-                                src_mask, name="src_ids", mask_name="src_mask")
-
-
-def check_target(config: TransformerConfig, tgt_ids, tgt_mask) -> None:
-    validate.check_token_inputs(tgt_ids, config.tgt_vocab_size, config.max_position_embeddings,
-                                tgt_mask, name="tgt_ids", mask_name="tgt_mask")
-
-
-def check_memory(memory, tgt_ids, src_mask, hidden_size: int) -> None:
-    validate.check_rank("memory", memory, 3)
-    if memory.shape[0] != tgt_ids.shape[0] or memory.shape[2] != hidden_size:
-        raise ValueError(f"memory has shape {tuple(memory.shape)}; expected (batch="
-                         f"{tgt_ids.shape[0]} as in tgt_ids, source length, "
-                         f"hidden_size={hidden_size})")
-    if src_mask is not None and tuple(src_mask.shape) != tuple(memory.shape[:2]):
-        raise ValueError(f"src_mask has shape {tuple(src_mask.shape)} but memory covers "
-                         f"{tuple(memory.shape[:2])} (batch, source length); they must match")
-
-
 class Transformer(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -137,7 +119,7 @@ class Transformer(nn.Module):
 
     def encode(self, src_ids, src_mask=None):
         cfg = self.config
-        check_source(cfg, src_ids, src_mask)
+        validate.check_source(cfg, src_ids, src_mask)
         if src_mask is None:
             src_mask = src_ids != cfg.src_pad_id
         x = self.src_embeddings(src_ids, self.shared_embeddings)
@@ -145,8 +127,8 @@ class Transformer(nn.Module):
 
     def decode(self, tgt_ids, memory, src_mask=None, tgt_mask=None):
         cfg = self.config
-        check_target(cfg, tgt_ids, tgt_mask)
-        check_memory(memory, tgt_ids, src_mask, cfg.hidden_size)
+        validate.check_target(cfg, tgt_ids, tgt_mask)
+        validate.check_memory(memory, tgt_ids, src_mask, cfg.hidden_size)
         if tgt_mask is None:
             tgt_mask = tgt_ids != cfg.tgt_pad_id
         T = tgt_ids.shape[1]
@@ -162,11 +144,8 @@ class Transformer(nn.Module):
         return F.linear(hidden_states, tokens.weight)
 
     def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None):
-        check_source(self.config, src_ids, src_mask)  # all checks before any computation
-        check_target(self.config, tgt_ids, tgt_mask)
-        if src_ids.shape[0] != tgt_ids.shape[0]:
-            raise ValueError(f"src_ids has batch size {src_ids.shape[0]} but tgt_ids has batch "
-                             f"size {tgt_ids.shape[0]}; they must match")
+        # all checks before any computation
+        validate.check_source_target(self.config, src_ids, tgt_ids, src_mask, tgt_mask)
         if src_mask is None:
             src_mask = src_ids != self.config.src_pad_id
         memory = self.encode(src_ids, src_mask)

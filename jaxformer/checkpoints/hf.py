@@ -7,7 +7,7 @@ builds the matching jaxformer model (or its ``torch_ref`` twin) and loads the we
 matching class with the same outputs.
 
 The mapping is a key table per architecture, tunix-style: each :class:`Rule` maps a checkpoint
-key pattern to our torch-style key(s) (``jaxformer.convert`` then applies its four leaf rules)
+key pattern to our torch-style key(s) (``jaxformer.checkpoints.convert`` then applies its four leaf rules)
 plus a named transform. Loading is strict:
 
 - every checkpoint key is matched by exactly one rule or explicitly ignored (buffers such as
@@ -27,7 +27,7 @@ Decisions:
 - A ``BertModel`` checkpoint saved without ``pooler.*`` weights (all or nothing) gives a
   ``BertModel`` built with ``add_pooler=False``, whose pooled output is None: the sequence output
   is all such a checkpoint defines, and inventing a random pooler would be silent nonsense.
-- ``GPT2Model`` and ``GPT2LMHeadModel`` both give ``jaxformer.gpt.GPT`` (tied head for
+- ``GPT2Model`` and ``GPT2LMHeadModel`` both give ``jaxformer.models.gpt.GPT`` (tied head for
   ``GPT2Model``): ``GPT.hidden_states`` is ``GPT2Model``'s output, ``GPT(...)`` the LM logits.
   Export always writes ``GPT2LMHeadModel``.
 - Base-model keys are accepted with or without the ``bert.`` / ``transformer.`` prefix (the
@@ -563,13 +563,13 @@ def _build(arch: Architecture, config, framework: str, pooler: bool):
     if framework not in ("jax", "torch"):
         raise ValueError(f"framework must be 'jax' or 'torch', got {framework!r}")
     package = "jaxformer" if framework == "jax" else "torch_ref"
-    cls = getattr(importlib.import_module(f"{package}.{arch.module}"), arch.cls)
+    cls = getattr(importlib.import_module(f"{package}.models.{arch.module}"), arch.cls)
     kwargs = {} if pooler else {"add_pooler": False}
     if framework == "torch":
         return cls(config, **kwargs)
     from flax import nnx
 
-    from jaxformer.convert import abstract_model
+    from jaxformer.checkpoints.convert import abstract_model
 
     return abstract_model(lambda: cls(config, **kwargs, rngs=nnx.Rngs(0)))
 
@@ -578,7 +578,7 @@ def _expected_shapes(model) -> dict[str, tuple[int, ...]]:
     """Our torch-style key -> shape, for a jaxformer or torch_ref model."""
     if hasattr(model, "state_dict"):
         return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    from jaxformer.convert import torch_shapes
+    from jaxformer.checkpoints.convert import torch_shapes
 
     return torch_shapes(model)
 
@@ -604,7 +604,7 @@ def from_pretrained(path: str | os.PathLike, framework: str = "jax", *,
     model = _build(arch, config, framework, pooler)
     ours = _map_checkpoint(state, arch, config, _expected_shapes(model), pooler)
     if framework == "jax":
-        from jaxformer import convert
+        from jaxformer.checkpoints import convert
         convert.torch_to_nnx(ours, model)
     else:
         import torch
@@ -626,7 +626,7 @@ _EXPORT_NAMES = {"BertModel": "BertModel", "BertForPreTraining": "BertForPreTrai
 def _our_state_dict(model) -> dict[str, np.ndarray]:
     if hasattr(model, "state_dict"):  # torch_ref
         return {k: _float_numpy(v) for k, v in model.state_dict().items()}
-    from jaxformer import convert
+    from jaxformer.checkpoints import convert
     return convert.nnx_to_torch(model)
 
 

@@ -1,7 +1,7 @@
 """The main job: every family, built in both frameworks with the same seeded weights, compared.
 
 Each family builds its torch_ref twin from a seed, moves the weights into the NNX model with
-``jaxformer.convert``, feeds both the same inputs (with padding), and compares every component and
+``jaxformer.checkpoints.convert``, feeds both the same inputs (with padding), and compares every component and
 the full model. Only rows that carry meaning are compared (padded query rows are not). The bound
 is DESIGN.md's, relative to the output's scale: max abs diff <= 1e-5 x max(1, max |torch output|),
 and 1e-6 x max(1, max |eager output|) for the jitted model against the eager one.
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from flax import nnx
 
-from jaxformer import convert
+from jaxformer.checkpoints import convert
 from jaxformer.config import BertConfig, GPTConfig, TransformerConfig
 
 FORWARD_RTOL = 1e-5
@@ -89,10 +89,10 @@ def padded_batch(rng, batch: int, seq: int, vocab: int):
 
 
 def bert_rows(preset: str, seed: int) -> Iterator[Row]:
-    from jaxformer import bert as jb
-    from jaxformer import masks as jmasks
-    from torch_ref import bert as tb
-    from torch_ref import masks as tmasks
+    from jaxformer.models import bert as jb
+    from jaxformer.nn import masks as jmasks
+    from torch_ref.models import bert as tb
+    from torch_ref.nn import masks as tmasks
 
     cfg = BertConfig.tiny() if preset == "tiny" else BertConfig.base()
     rng = np.random.RandomState(seed)
@@ -134,10 +134,10 @@ def bert_rows(preset: str, seed: int) -> Iterator[Row]:
 
 
 def gpt_rows(preset: str, seed: int) -> Iterator[Row]:
-    from jaxformer import gpt as jg
-    from jaxformer import masks as jmasks
-    from torch_ref import gpt as tg
-    from torch_ref import masks as tmasks
+    from jaxformer.models import gpt as jg
+    from jaxformer.nn import masks as jmasks
+    from torch_ref.models import gpt as tg
+    from torch_ref.nn import masks as tmasks
 
     cfg = GPTConfig.tiny() if preset == "tiny" else GPTConfig.gpt2()
     rng = np.random.RandomState(seed)
@@ -171,10 +171,10 @@ def gpt_rows(preset: str, seed: int) -> Iterator[Row]:
 
 
 def transformer_rows(preset: str, seed: int) -> Iterator[Row]:
-    from jaxformer import encoder_decoder as je
-    from jaxformer import masks as jmasks
-    from torch_ref import encoder_decoder as te
-    from torch_ref import masks as tmasks
+    from jaxformer.models import encoder_decoder as je
+    from jaxformer.nn import masks as jmasks
+    from torch_ref.models import encoder_decoder as te
+    from torch_ref.nn import masks as tmasks
 
     cfg = TransformerConfig.tiny() if preset == "tiny" else TransformerConfig.base()
     rng = np.random.RandomState(seed)
@@ -216,9 +216,9 @@ def transformer_rows(preset: str, seed: int) -> Iterator[Row]:
 
 
 FAMILIES: dict[str, tuple[str, Callable[[str, int], Iterator[Row]]]] = {
-    "bert": ("jaxformer.bert", bert_rows),
-    "transformer": ("jaxformer.encoder_decoder", transformer_rows),
-    "gpt": ("jaxformer.gpt", gpt_rows),
+    "bert": ("jaxformer.models.bert", bert_rows),
+    "transformer": ("jaxformer.models.encoder_decoder", transformer_rows),
+    "gpt": ("jaxformer.models.gpt", gpt_rows),
 }
 
 

@@ -30,13 +30,13 @@ import transformers  # noqa: E402
 from flax import nnx  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from conftest import assert_close, to_numpy  # noqa: E402
-from jaxformer import bert as jb  # noqa: E402
-from jaxformer import convert, hf  # noqa: E402
-from jaxformer import gpt as jg  # noqa: E402
+from parity_tests.helpers import assert_close, to_numpy  # noqa: E402
+from jaxformer.models import bert as jb  # noqa: E402
+from jaxformer.checkpoints import convert, hf  # noqa: E402
+from jaxformer.models import gpt as jg  # noqa: E402
 from jaxformer.config import BertConfig, GPTConfig  # noqa: E402
-from torch_ref import bert as tb  # noqa: E402
-from torch_ref import gpt as tg  # noqa: E402
+from torch_ref.models import bert as tb  # noqa: E402
+from torch_ref.models import gpt as tg  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
 

@@ -1,4 +1,4 @@
-"""GPT (decoder-only) in Flax NNX: seed 004 and GPT-2. Twin: ``torch_ref/gpt.py``.
+"""GPT (decoder-only) in Flax NNX: seed 004 and GPT-2. Twin: ``torch_ref/models/gpt.py``.
 
 Token + learned position embeddings (optional LayerNorm, dropout) -> a stack of causal
 Transformer blocks (pre-LN for GPT-2, post-LN for seed 004) -> optional final LayerNorm -> the LM
@@ -26,24 +26,9 @@ from flax import nnx
 
 from jaxformer import validate
 from jaxformer.config import GPTConfig
-from jaxformer.layers import TransformerBlock, embedding, layer_norm, linear
-from jaxformer.masks import causal_mask, combine_masks, padding_mask
-
-
-def check_inputs(config: GPTConfig, input_ids, attention_mask=None) -> None:
-    """Raise ``ValueError`` naming the problem: bad rank, ids outside the vocabulary, a sequence
-    longer than the position table, or a mask that is not ``[batch, seq]`` of 0/1."""
-    validate.check_rank("input_ids", input_ids, 2)
-    if attention_mask is not None and len(attention_mask.shape) != 2:
-        raise ValueError(
-            f"attention_mask must have shape [batch, seq] = {tuple(input_ids.shape)} with 1 for "
-            f"a real token and 0 for padding, got shape {tuple(attention_mask.shape)}. GPT builds "
-            f"its causal mask itself; a 4-D [batch, 1, seq, seq] mask (seed 004's form) is not "
-            f"accepted because it could let a token attend to later tokens.")
-    validate.check_token_inputs(input_ids, config.vocab_size, config.max_position_embeddings,
-                                attention_mask)
-    if attention_mask is not None:
-        validate.check_ids("attention_mask", attention_mask, 2)
+from jaxformer.nn.layers import TransformerBlock
+from jaxformer.nn.params import embedding, layer_norm, linear
+from jaxformer.nn.masks import causal_mask, combine_masks, padding_mask
 
 
 def position_ids_from_mask(attention_mask) -> jnp.ndarray:
@@ -91,7 +76,7 @@ class GPT(nnx.Module):
 
     def hidden_states(self, input_ids, attention_mask=None):
         """``(B, T, C)`` after the last block and the final LayerNorm (when the config has one)."""
-        check_inputs(self.config, input_ids, attention_mask)
+        validate.check_gpt_inputs(self.config, input_ids, attention_mask)
         T = input_ids.shape[1]
         if attention_mask is None:
             position_ids = jnp.arange(T)[None]  # (1, T)

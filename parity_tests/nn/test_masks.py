@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MASK_KINDS, make_attention_mask
-from jaxformer import masks as jm
-from torch_ref import masks as tm
+from parity_tests.helpers import MASK_KINDS, make_attention_mask
+from jaxformer.nn import masks as jm
+from torch_ref.nn import masks as tm
 
 
 def test_mask_value_is_shared_finite_and_annihilating():

@@ -1,6 +1,6 @@
 """The encoder-decoder Transformer (Vaswani et al., 2017) in Flax NNX: seed 002.
 
-Twin: ``torch_ref/encoder_decoder.py``.
+Twin: ``torch_ref/models/encoder_decoder.py``.
 
 Each side embeds its tokens (scaled by sqrt(hidden) as in the paper, 3.4) and adds positions
 (the fixed sinusoidal table of 3.5, or a learned one) -> the encoder, a stack of
@@ -10,7 +10,7 @@ vocabulary, optionally tied to the target token embedding.
 
 Fixed bugs of seed 002 (see DESIGN.md): full ``C -> C`` query/key/value projections instead of a
 shared per-head ``Linear(head_dim, head_dim)``; softmax over keys and scaling by sqrt(head_dim)
-(``layers.attention``); positions index the table instead of being added to it; dropout on the
+(``nn/attention.py``); positions index the table instead of being added to it; dropout on the
 decoder's sub-layer output, not its residual input; the target self-attention mask is causal AND
 target padding (the seed's ignored padding).
 
@@ -30,9 +30,11 @@ from flax import nnx
 
 from jaxformer import validate
 from jaxformer.config import TransformerConfig
-from jaxformer.layers import (FeedForward, MultiHeadAttention, TransformerBlock, embedding,
-                              layer_norm, linear, sinusoidal_positions)
-from jaxformer.masks import causal_mask, combine_masks, padding_mask
+from jaxformer.numerics import sinusoidal_positions
+from jaxformer.nn.attention import MultiHeadAttention
+from jaxformer.nn.layers import FeedForward, TransformerBlock
+from jaxformer.nn.params import embedding, layer_norm, linear
+from jaxformer.nn.masks import causal_mask, combine_masks, padding_mask
 
 
 # The fixed table of positions, computed once per size on the host.
@@ -139,28 +141,6 @@ class Decoder(nnx.Module):
         return hidden_states
 
 
-def check_source(config: TransformerConfig, src_ids, src_mask) -> None:
-    validate.check_token_inputs(src_ids, config.src_vocab_size, config.max_position_embeddings,
-                                src_mask, name="src_ids", mask_name="src_mask")
-
-
-def check_target(config: TransformerConfig, tgt_ids, tgt_mask) -> None:
-    validate.check_token_inputs(tgt_ids, config.tgt_vocab_size, config.max_position_embeddings,
-                                tgt_mask, name="tgt_ids", mask_name="tgt_mask")
-
-
-def check_memory(memory, tgt_ids, src_mask, hidden_size: int) -> None:
-    """``decode``'s extra checks: memory ``(B, S, C)`` fits the target batch and the source mask."""
-    validate.check_rank("memory", memory, 3)
-    if memory.shape[0] != tgt_ids.shape[0] or memory.shape[2] != hidden_size:
-        raise ValueError(f"memory has shape {tuple(memory.shape)}; expected (batch="
-                         f"{tgt_ids.shape[0]} as in tgt_ids, source length, "
-                         f"hidden_size={hidden_size})")
-    if src_mask is not None and tuple(src_mask.shape) != tuple(memory.shape[:2]):
-        raise ValueError(f"src_mask has shape {tuple(src_mask.shape)} but memory covers "
-                         f"{tuple(memory.shape[:2])} (batch, source length); they must match")
-
-
 class Transformer(nnx.Module):
     """``(src_ids, tgt_ids, src_mask, tgt_mask) -> logits (B, T, tgt_vocab_size)``.
 
@@ -184,7 +164,7 @@ class Transformer(nnx.Module):
     def encode(self, src_ids, src_mask=None):
         """``(B, S)`` source ids -> memory ``(B, S, C)``."""
         cfg = self.config
-        check_source(cfg, src_ids, src_mask)
+        validate.check_source(cfg, src_ids, src_mask)
         if src_mask is None:
             src_mask = src_ids != cfg.src_pad_id
         x = self.src_embeddings(src_ids, self.shared_embeddings)
@@ -197,8 +177,8 @@ class Transformer(nnx.Module):
         the source ids); ``tgt_mask=None`` is built from ``config.tgt_pad_id``.
         """
         cfg = self.config
-        check_target(cfg, tgt_ids, tgt_mask)
-        check_memory(memory, tgt_ids, src_mask, cfg.hidden_size)
+        validate.check_target(cfg, tgt_ids, tgt_mask)
+        validate.check_memory(memory, tgt_ids, src_mask, cfg.hidden_size)
         if tgt_mask is None:
             tgt_mask = tgt_ids != cfg.tgt_pad_id
         T = tgt_ids.shape[1]
@@ -213,11 +193,8 @@ class Transformer(nnx.Module):
         return tokens.attend(hidden_states)
 
     def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None):
-        check_source(self.config, src_ids, src_mask)  # all checks before any computation
-        check_target(self.config, tgt_ids, tgt_mask)
-        if src_ids.shape[0] != tgt_ids.shape[0]:
-            raise ValueError(f"src_ids has batch size {src_ids.shape[0]} but tgt_ids has batch "
-                             f"size {tgt_ids.shape[0]}; they must match")
+        # all checks before any computation
+        validate.check_source_target(self.config, src_ids, tgt_ids, src_mask, tgt_mask)
         if src_mask is None:
             src_mask = src_ids != self.config.src_pad_id
         memory = self.encode(src_ids, src_mask)

@@ -24,15 +24,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.flatten_util import ravel_pytree
 
-from conftest import (GRAD_RTOL, JIT_TOL, MASK_KINDS, assert_close, make_attention_mask,
+from parity_tests.helpers import (GRAD_RTOL, JIT_TOL, MASK_KINDS, assert_close, make_attention_mask,
                       max_rel_diff, to_numpy)
-from jaxformer import bert as jb
-from jaxformer import convert
-from jaxformer import layers as jl
+from jaxformer.models import bert as jb
+from jaxformer.checkpoints import convert
+from jaxformer.nn import layers as jl
 from jaxformer.config import BertConfig
-from jaxformer.masks import padding_mask
-from torch_ref import bert as tb
-from torch_ref import layers as tl
+from jaxformer.nn.masks import padding_mask
+from torch_ref.models import bert as tb
+from torch_ref.nn import layers as tl
 
 TINY = BertConfig.tiny()  # post-LN, GELU, embedding LayerNorm, tied MLM decoder
 PRE_LN = dataclasses.replace(TINY, pre_norm=True)
@@ -320,10 +320,9 @@ def test_bert_for_masked_lm(name, kind):
 
 def test_einsum_attention_path_in_full_model():
     """The explicit einsum path (used with attention dropout) gives the same model output."""
-    torch_model, jax_model = twins(tb.BertForPreTraining, jb.BertForPreTraining, TINY)
+    config = dataclasses.replace(TINY, attention_implementation="einsum")
+    torch_model, jax_model = twins(tb.BertForPreTraining, jb.BertForPreTraining, config)
     input_ids, token_type_ids, attention_mask = inputs(TINY, kind="left_padding")
-    for layer in jax_model.bert.encoder.layers:
-        layer.attention.implementation = "einsum"
     with torch.no_grad():
         out_t = torch_model(t(input_ids), t(token_type_ids), t(attention_mask))
     out_j = jax_model(j(input_ids), j(token_type_ids), j(attention_mask))

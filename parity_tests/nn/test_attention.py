@@ -25,13 +25,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from conftest import (JIT_TOL, MASK_KINDS, assert_close, make_attention_mask, max_rel_diff,
+from parity_tests.helpers import (JIT_TOL, MASK_KINDS, assert_close, make_attention_mask, max_rel_diff,
                       to_numpy)
-from jaxformer import convert
-from jaxformer import layers as jl
+from jaxformer.checkpoints import convert
+from jaxformer.nn import attention as jl
 from jaxformer.config import BertConfig
-from jaxformer.masks import MASK_VALUE, causal_mask, combine_masks, padding_mask
-from torch_ref import layers as tl
+from jaxformer.nn.masks import MASK_VALUE, causal_mask, combine_masks, padding_mask
+from torch_ref.nn import attention as tl
 
 IMPLEMENTATIONS = ("xla", "einsum")
 
@@ -289,8 +289,8 @@ def mha_twins(seed=0, config=CONFIG):
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("kind", MASK_KINDS)
 def test_multi_head_attention_matches_torch(kind, impl):
-    torch_mha, jax_mha = mha_twins()
-    jax_mha.implementation = impl
+    torch_mha, jax_mha = mha_twins(config=dataclasses.replace(CONFIG,
+                                                              attention_implementation=impl))
     B, T = 3, 7
     x = np.random.RandomState(5).randn(B, T, CONFIG.hidden_size).astype(np.float32)
     attention_mask = make_attention_mask(kind, B, T)
@@ -318,8 +318,8 @@ def test_multi_head_attention_matches_torch(kind, impl):
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_cross_attention_matches_torch(impl):
-    torch_mha, jax_mha = mha_twins(seed=1)
-    jax_mha.implementation = impl
+    torch_mha, jax_mha = mha_twins(seed=1, config=dataclasses.replace(
+        CONFIG, attention_implementation=impl))
     rng = np.random.RandomState(6)
     x = rng.randn(3, 4, CONFIG.hidden_size).astype(np.float32)
     context = rng.randn(3, 7, CONFIG.hidden_size).astype(np.float32)
@@ -344,8 +344,12 @@ def test_multi_head_attention_per_head_and_causal_masks():
         with torch.no_grad():
             expected = torch_mha(torch.from_numpy(x), mask=torch.from_numpy(np.array(mask)))
         for impl in IMPLEMENTATIONS:
-            jax_mha.implementation = impl
-            assert_close(expected, jax_mha(jnp.asarray(x), mask=jnp.asarray(mask)), what=impl)
+            config = dataclasses.replace(CONFIG, attention_implementation=impl)
+            torch_impl, jax_impl = mha_twins(seed=2, config=config)
+            with torch.no_grad():
+                got_torch = torch_impl(torch.from_numpy(x), mask=torch.from_numpy(np.array(mask)))
+            assert_close(expected, got_torch, what=f"torch {impl}")
+            assert_close(expected, jax_impl(jnp.asarray(x), mask=jnp.asarray(mask)), what=impl)
 
 
 def test_multi_head_attention_jit_equals_eager():

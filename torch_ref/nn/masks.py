@@ -1,12 +1,10 @@
-"""Twin of ``jaxformer/masks.py``: boolean ``[batch, 1, q_len, k_len]`` masks, True = may attend."""
+"""Twin of ``jaxformer/nn/masks.py``: boolean ``[batch, 1, q_len, k_len]`` masks, True = may attend."""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-# Same constant as jaxformer.masks.MASK_VALUE (and jax.nn.dot_product_attention's fill).
-MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+from jaxformer.numerics import MASK_VALUE  # noqa: F401  (re-exported: the masks' fill value)
 
 
 def lengths_to_attention_mask(lengths, max_len: int) -> torch.Tensor:

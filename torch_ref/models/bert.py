@@ -1,4 +1,4 @@
-"""Twin of ``jaxformer/bert.py``: BERT in PyTorch, same classes, attributes and arguments."""
+"""Twin of ``jaxformer/models/bert.py``: BERT in PyTorch, same classes, attributes and arguments."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from torch import nn
 
 from jaxformer import validate
 from jaxformer.config import BertConfig
-from torch_ref.layers import ACTIVATIONS, TransformerBlock, init_weights, layer_norm
-from torch_ref.masks import padding_mask
+from torch_ref.nn.layers import ACTIVATIONS, TransformerBlock
+from torch_ref.nn.params import init_weights, layer_norm
+from torch_ref.nn.masks import padding_mask
 
 
 class BertEmbeddings(nn.Module):
@@ -63,13 +64,9 @@ class BertModel(nn.Module):
         self.apply(partial(init_weights, std=config.initializer_range))
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None):
-        cfg = self.config
-        validate.check_token_inputs(input_ids, cfg.vocab_size, cfg.max_position_embeddings,
-                                    attention_mask)
+        validate.check_bert_inputs(self.config, input_ids, token_type_ids, attention_mask)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        validate.check_same_shape("token_type_ids", token_type_ids, "input_ids", input_ids)
-        validate.check_ids("token_type_ids", token_type_ids, cfg.type_vocab_size)
         mask = None if attention_mask is None else padding_mask(attention_mask)  # (B, 1, 1, T)
         sequence_output = self.encoder(self.embeddings(input_ids, token_type_ids), mask)
         pooled_output = None if self.pooler is None else self.pooler(sequence_output)
@@ -77,11 +74,7 @@ class BertModel(nn.Module):
 
 
 def gather_positions(hidden_states, positions):
-    validate.check_rank("masked_positions", positions, 2)
-    if positions.shape[0] != hidden_states.shape[0]:
-        raise ValueError(f"masked_positions has batch size {positions.shape[0]} but the "
-                         f"sequence has batch size {hidden_states.shape[0]}")
-    validate.check_ids("masked_positions", positions, hidden_states.shape[1])
+    validate.check_masked_positions(positions, hidden_states.shape)
     index = positions[:, :, None].expand(-1, -1, hidden_states.shape[-1])
     return torch.gather(hidden_states, 1, index)
 

@@ -4,20 +4,17 @@ This is the convention of ``jax.nn.dot_product_attention`` and of torch SDPA's b
 public input is a Hugging Face style ``attention_mask`` of shape ``[batch, seq]`` with 1/True for
 a real token. Masks are combined with logical AND; ``None`` means "attend everywhere".
 
-A query row whose keys are all masked gets every score replaced by the same ``MASK_VALUE``, so its
-softmax is uniform and its output is the mean of all value vectors: finite, and identical in both
-frameworks (torch_ref uses the same constant). Such rows carry no meaning; compare them only in
-tests about padded rows.
+A query row whose keys are all masked gets every score replaced by the same ``MASK_VALUE``
+(``jaxformer.numerics``), so its softmax is uniform and its output is the mean of all value
+vectors: finite, and identical in both frameworks. Such rows carry no meaning; compare them only
+in tests about padded rows. Twin: ``torch_ref/nn/masks.py``.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 
-# The value jax.nn.dot_product_attention fills masked float32 logits with: finite, and small
-# enough that exp(MASK_VALUE - max) is exactly 0 next to any real score.
-MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+from jaxformer.numerics import MASK_VALUE  # noqa: F401  (re-exported: the masks' fill value)
 
 
 def lengths_to_attention_mask(lengths, max_len: int) -> jnp.ndarray:

@@ -17,14 +17,14 @@ import pytest
 import torch
 from flax import nnx
 
-from conftest import assert_close, make_attention_mask
-from jaxformer import bert as jb
-from jaxformer import convert
-from jaxformer import layers as jl
+from parity_tests.helpers import assert_close, make_attention_mask
+from jaxformer.models import bert as jb
+from jaxformer.checkpoints import convert
+from jaxformer.nn import layers as jl
 from jaxformer.config import BertConfig
-from jaxformer.convert import StateDictMismatchError
-from torch_ref import bert as tb
-from torch_ref import layers as tl
+from jaxformer.checkpoints.convert import StateDictMismatchError
+from torch_ref.models import bert as tb
+from torch_ref.nn import layers as tl
 
 TINY = BertConfig.tiny()
 # Seed 003's preset at small sizes: ReLU, no embedding LayerNorm, untied MLM decoder.

@@ -1,6 +1,6 @@
-"""Twin of ``jaxformer/gpt.py``: GPT in PyTorch, same classes, attributes and arguments.
+"""Twin of ``jaxformer/models/gpt.py``: GPT in PyTorch, same classes, attributes and arguments.
 
-See ``jaxformer/gpt.py`` for the masks (``[batch, seq]`` only; the causal mask is built inside,
+See ``jaxformer/models/gpt.py`` for the masks (``[batch, seq]`` only; the causal mask is built inside,
 a 4-D mask is refused) and the position ids (``cumsum(mask) - 1`` at real tokens, 0 at padding).
 """
 
@@ -14,22 +14,9 @@ from torch import nn
 
 from jaxformer import validate
 from jaxformer.config import GPTConfig
-from torch_ref.layers import TransformerBlock, init_weights, layer_norm
-from torch_ref.masks import causal_mask, combine_masks, padding_mask
-
-
-def check_inputs(config: GPTConfig, input_ids, attention_mask=None) -> None:
-    validate.check_rank("input_ids", input_ids, 2)
-    if attention_mask is not None and len(attention_mask.shape) != 2:
-        raise ValueError(
-            f"attention_mask must have shape [batch, seq] = {tuple(input_ids.shape)} with 1 for "
-            f"a real token and 0 for padding, got shape {tuple(attention_mask.shape)}. GPT builds "
-            f"its causal mask itself; a 4-D [batch, 1, seq, seq] mask (seed 004's form) is not "
-            f"accepted because it could let a token attend to later tokens.")
-    validate.check_token_inputs(input_ids, config.vocab_size, config.max_position_embeddings,
-                                attention_mask)
-    if attention_mask is not None:
-        validate.check_ids("attention_mask", attention_mask, 2)
+from torch_ref.nn.layers import TransformerBlock
+from torch_ref.nn.params import init_weights, layer_norm
+from torch_ref.nn.masks import causal_mask, combine_masks, padding_mask
 
 
 def position_ids_from_mask(attention_mask) -> torch.Tensor:
@@ -72,7 +59,7 @@ class GPT(nn.Module):
         self.apply(partial(init_weights, std=config.initializer_range))
 
     def hidden_states(self, input_ids, attention_mask=None):
-        check_inputs(self.config, input_ids, attention_mask)
+        validate.check_gpt_inputs(self.config, input_ids, attention_mask)
         T = input_ids.shape[1]
         if attention_mask is None:
             position_ids = torch.arange(T, device=input_ids.device)[None]  # (1, T)

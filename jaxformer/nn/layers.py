@@ -1,0 +1,56 @@
+"""What every family shares: parameter factories, feed-forward, the Transformer block.
+
+Every module takes a family config (``BertConfig``, ``TransformerConfig`` or ``GPTConfig``); the
+fields read here have the same name and meaning in all three. Twin: ``torch_ref/nn/layers.py``.
+Shapes: B batch, T query length, S key length, C hidden size, nh heads, hs head size.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer.nn.attention import MultiHeadAttention
+from jaxformer.nn.params import layer_norm, linear
+
+ACTIVATIONS = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # erf form, torch's nn.GELU()
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2's "gelu_new"
+    "relu": jax.nn.relu,
+}
+
+
+class FeedForward(nnx.Module):
+    """Position-wise ``fc2(activation(fc1(x)))``."""
+
+    def __init__(self, config, *, rngs: nnx.Rngs):
+        self.fc1 = linear(config.hidden_size, config.intermediate_size, config, rngs=rngs)
+        self.fc2 = linear(config.intermediate_size, config.hidden_size, config, rngs=rngs)
+        self.activation = config.activation
+
+    def __call__(self, x):
+        return self.fc2(ACTIVATIONS[self.activation](self.fc1(x)))
+
+
+class TransformerBlock(nnx.Module):
+    """Self-attention and feed-forward sub-layers, each with dropout, residual and LayerNorm.
+
+    Post-LN (BERT, the 2017 encoder): ``x = norm(x + dropout(sublayer(x)))``.
+    Pre-LN (GPT-2): ``x = x + dropout(sublayer(norm(x)))``.
+    """
+
+    def __init__(self, config, *, rngs: nnx.Rngs):
+        self.attention = MultiHeadAttention(config, rngs=rngs)
+        self.attention_norm = layer_norm(config, rngs=rngs)
+        self.feed_forward = FeedForward(config, rngs=rngs)
+        self.ffn_norm = layer_norm(config, rngs=rngs)
+        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+        self.pre_norm = config.pre_norm
+
+    def __call__(self, x, mask=None):
+        if self.pre_norm:
+            x = x + self.dropout(self.attention(self.attention_norm(x), mask=mask))
+            return x + self.dropout(self.feed_forward(self.ffn_norm(x)))
+        x = self.attention_norm(x + self.dropout(self.attention(x, mask=mask)))
+        return self.ffn_norm(x + self.dropout(self.feed_forward(x)))

@@ -1,0 +1,45 @@
+"""Parameter factories: every weight of every family is created here, with the initialiser the
+torch twin uses (N(0, initializer_range) kernels and embeddings, zero biases, unit LayerNorm
+scales) and the compute ``dtype`` of the config. Twin: ``torch_ref/nn/params.py``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import nnx
+
+
+def linear(in_features: int, out_features: int, config, *, rngs: nnx.Rngs,
+           use_bias: bool = True) -> nnx.Linear:
+    return nnx.Linear(in_features, out_features, use_bias=use_bias, dtype=jnp.dtype(config.dtype),
+                      kernel_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+
+
+class Embed(nnx.Embed):
+    """``nnx.Embed`` whose out-of-range ids give NaN rows instead of plausible ones.
+
+    Under ``jit`` ids are tracers and cannot be checked. ``jnp.take`` would wrap a negative id to
+    a row counted from the end (-1 reads the last row, a valid-looking vector); here every id
+    outside ``[0, num_embeddings)``, negative included, reads as a row of NaN, which spreads to
+    everything that depends on it. Outside ``jit`` the models refuse such ids before computing
+    (``jaxformer.validate``), as torch's ``nn.Embedding`` does; :func:`jaxformer.nn.checked`
+    turns the NaN into an error inside ``jit``.
+    """
+
+    def __call__(self, inputs):
+        if not jnp.issubdtype(inputs.dtype, jnp.integer):
+            raise TypeError(f"embedding ids must be integers, got dtype {inputs.dtype}")
+        (table,) = self.promote_dtype((self.embedding[...],), dtype=self.dtype, inexact=False)
+        ids = jnp.where(inputs < 0, self.num_embeddings, inputs)  # negatives -> out of range
+        return jnp.take(table, ids, axis=0, mode="fill", fill_value=jnp.nan)
+
+
+def embedding(num_embeddings: int, config, *, rngs: nnx.Rngs) -> Embed:
+    return Embed(num_embeddings, config.hidden_size, dtype=jnp.dtype(config.dtype),
+                     embedding_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+
+
+def layer_norm(config, *, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    # Two-pass variance, as torch computes it; flax's default E[x^2] - E[x]^2 drifts from it.
+    return nnx.LayerNorm(config.hidden_size, epsilon=config.layer_norm_eps,
+                         use_fast_variance=False, dtype=jnp.dtype(config.dtype), rngs=rngs)

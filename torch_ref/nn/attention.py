@@ -1,0 +1,80 @@
+"""Twin of ``jaxformer/nn/attention.py``: scaled dot-product attention and multi-head attention.
+
+torch works heads-first, ``(B, nh, T, hs)``, the layout ``F.scaled_dot_product_attention`` takes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from jaxformer.numerics import MASK_VALUE
+
+
+def fused_attention(q, k, v, mask, dropout, *, implementation: str):
+    """``F.scaled_dot_product_attention`` with an additive float mask holding MASK_VALUE: a row
+    with every key masked then has all scores equal and a uniform softmax, exactly as in
+    jaxformer (SDPA's boolean mask gives zeros there in torch 2.13, NaN in older releases)."""
+    if mask is not None:
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask,
+                                                                                   MASK_VALUE)
+    p = 0.0 if dropout is None else dropout.p
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+
+
+def einsum_attention(q, k, v, mask, dropout):
+    scores = torch.einsum("bhtd,bhsd->bhts", q.float(), k.float()) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, MASK_VALUE)
+    weights = torch.softmax(scores, dim=-1).to(v.dtype)
+    if dropout is not None:
+        weights = dropout(weights)
+    return torch.einsum("bhts,bhsd->bhtd", weights, v)  # (B, nh, T, hs)
+
+
+# Every implementation but "einsum" is SDPA here: torch picks its own kernel.
+IMPLEMENTATIONS = {
+    "xla": functools.partial(fused_attention, implementation="xla"),
+    "cudnn": functools.partial(fused_attention, implementation="cudnn"),
+    "einsum": einsum_attention,
+}
+
+
+def attention(q, k, v, mask=None, dropout: nn.Dropout | None = None,
+              implementation: str = "auto"):
+    """``(B, nh, T, hs)`` attention with a boolean mask (True = may attend), softmax in float32."""
+    active = dropout if dropout is not None and dropout.training and dropout.p > 0 else None
+    if implementation == "auto":
+        implementation = "xla"  # SDPA applies dropout itself
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"attention implementation {implementation!r} is not one of "
+                         f"{('auto', *IMPLEMENTATIONS)}")
+    return IMPLEMENTATIONS[implementation](q, k, v, mask, active)
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        C = config.hidden_size
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+        self.query = nn.Linear(C, C)
+        self.key = nn.Linear(C, C)
+        self.value = nn.Linear(C, C)
+        self.output = nn.Linear(C, C)
+        self.attention_dropout = nn.Dropout(config.attention_dropout_rate)
+        self.implementation = config.attention_implementation
+
+    def forward(self, hidden_states, context=None, mask=None):
+        context = hidden_states if context is None else context
+        B, T, C = hidden_states.shape
+        S = context.shape[1]
+        q = self.query(hidden_states).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.key(context).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
+        v = self.value(context).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
+        y = attention(q, k, v, mask, self.attention_dropout, self.implementation)  # (B, nh, T, hs)
+        return self.output(y.transpose(1, 2).reshape(B, T, C))

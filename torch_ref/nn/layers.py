@@ -1,0 +1,45 @@
+"""Twin of ``jaxformer/nn/layers.py``: parameter factories, feed-forward, the Transformer block."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torch_ref.nn.attention import MultiHeadAttention
+from torch_ref.nn.params import layer_norm
+
+ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x, approximate="none"),
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.activation = config.activation
+
+    def forward(self, x):
+        return self.fc2(ACTIVATIONS[self.activation](self.fc1(x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attention = MultiHeadAttention(config)
+        self.attention_norm = layer_norm(config)
+        self.feed_forward = FeedForward(config)
+        self.ffn_norm = layer_norm(config)
+        self.dropout = nn.Dropout(config.dropout_rate)
+        self.pre_norm = config.pre_norm
+
+    def forward(self, x, mask=None):
+        if self.pre_norm:
+            x = x + self.dropout(self.attention(self.attention_norm(x), mask=mask))
+            return x + self.dropout(self.feed_forward(self.ffn_norm(x)))
+        x = self.attention_norm(x + self.dropout(self.attention(x, mask=mask)))
+        return self.ffn_norm(x + self.dropout(self.feed_forward(x)))
