@@ -1,0 +1,71 @@
+"""Compiling a model call: split once, jit a pure function, carry the state.
+
+``nnx.jit`` walks the module graph in Python on every call; the fast idiom is ``nnx.split`` once
+and a ``jax.jit``-ed pure function of the state. Done naively it has a trap: in train mode the
+dropout RNG counters live in the state, and a pure function that does not return them is fed the
+same counters on every call, so every call draws the *same* dropout mask. :class:`Jitted` returns
+the state from the compiled call and keeps it, so each call draws fresh masks, exactly as eager
+calls of the module would.
+
+``checked=True`` runs the call under ``jax.experimental.checkify`` with index checks: a token,
+segment or position id outside its table (which the models turn into NaN rows under ``jit``, see
+``jaxformer.nn.params.Embed``) then raises ``checkify.JaxRuntimeError`` naming the lookup,
+inside the compiled program.
+"""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+from jax.experimental import checkify
+
+
+class Jitted:
+    """``Jitted(model)(*args)`` equals ``model(*args)``, compiled once per input shape.
+
+    ``method`` names another method to call (``"hidden_states"``, ``"encode"``...); ``fn`` takes
+    ``(model, *args)`` and returns any pytree, for a computation around the model (pooling, a
+    loss). The state after each call (RNG counters in train mode) is kept in ``self.state``;
+    :meth:`sync` writes it back into the module.
+    """
+
+    def __init__(self, model: nnx.Module, method: str | None = None, *, fn=None,
+                 checked: bool = False):
+        if method is not None and fn is not None:
+            raise ValueError("give method or fn, not both")
+        self.model = model
+        self.graphdef, self.state = nnx.split(model)
+        graphdef = self.graphdef
+
+        def pure(state, *args, **kwargs):
+            module = nnx.merge(graphdef, state)
+            if fn is not None:
+                out = fn(module, *args, **kwargs)
+            else:
+                out = (module if method is None else getattr(module, method))(*args, **kwargs)
+            return out, nnx.state(module)
+
+        if checked:
+            pure = checkify.checkify(pure, errors=checkify.index_checks | checkify.nan_checks)
+        self.checked = checked
+        self._apply = jax.jit(pure)
+
+    def __call__(self, *args, **kwargs):
+        if self.checked:
+            error, (out, state) = self._apply(self.state, *args, **kwargs)
+            error.throw()
+        else:
+            out, state = self._apply(self.state, *args, **kwargs)
+        self.state = state
+        return out
+
+    def sync(self) -> nnx.Module:
+        """Write the carried state (RNG counters) back into the module and return it."""
+        nnx.update(self.model, self.state)
+        return self.model
+
+
+def jitted(model: nnx.Module, method: str | None = None, *, fn=None,
+           checked: bool = False) -> Jitted:
+    """Shorthand for :class:`Jitted`."""
+    return Jitted(model, method, fn=fn, checked=checked)
