@@ -1,5 +1,6 @@
 # Set-up is two commands on a fresh machine: `make parity` (the main job) and `make test`.
-# Both create .venv if it is missing and install the project with its test extra.
+# Both create .venv if it is missing and install the project with its test extra, at the exact
+# versions the suite was proven with (.ci/constraints.txt; `make lock` rewrites it, deliberately).
 #
 # TORCH: the CPU build by default (a local wheel on these machines). GPU users pass their own,
 #   e.g. `make test TORCH=torch JAX='jax[cuda12]'` (see README, "GPU").
@@ -9,14 +10,15 @@ TORCH  ?= torch==2.13.0
 JAX    ?= jax
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+LOCK   := .ci/constraints.txt
 
-.PHONY: parity parity-base test bench clean
+.PHONY: parity parity-base test lint bench lock clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet "$(JAX)" -e '.[test]'
+	$(PY) -m pip install --quiet -c $(LOCK) "$(JAX)" -e '.[test]'
 	touch $(STAMP)
 
 parity: $(STAMP)
@@ -28,8 +30,16 @@ parity-base: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_forward.py
+
+# The constraints file: every installed distribution but jaxformer itself and torch (installed
+# first, from TORCH, so that GPU users can bring their own build).
+lock: $(STAMP)
+	$(PY) -m pip freeze --exclude-editable | grep -v -i -E '^(torch|nvidia-|triton)' > $(LOCK)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

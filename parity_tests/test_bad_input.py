@@ -19,7 +19,7 @@ from flax import nnx
 from parity_tests.helpers import twin_pair
 from jaxformer.models import bert as jb
 from jaxformer import validate
-from jaxformer.config import BertConfig
+from jaxformer.config import BertConfig, GPTConfig, TransformerConfig
 from torch_ref.models import bert as tb
 
 TINY = BertConfig.tiny()  # vocab 99, type_vocab 3, 64 positions
@@ -181,3 +181,68 @@ def test_config_is_frozen_and_hashable():
     with pytest.raises(dataclasses.FrozenInstanceError):
         TINY.hidden_size = 64  # type: ignore[misc]
     assert hash(TINY) == hash(BertConfig.tiny())
+
+
+@pytest.mark.parametrize("cls", [BertConfig, GPTConfig, TransformerConfig])
+@pytest.mark.parametrize("field, value, expected", [
+    ("hidden_size", 32.0, "int"), ("num_heads", "4", "int"), ("num_heads", True, "int"),
+    ("layer_norm_eps", "1e-5", "float"), ("dropout_rate", None, "float"),
+    ("activation", 3, "str"), ("attention_implementation", None, "str"),
+])
+def test_config_field_of_wrong_type_names_the_field(cls, field, value, expected):
+    """A field of the wrong type is refused by the config itself with a ``TypeError`` naming the
+    field (it used to fail deep inside a layer, or not at all for 32.0)."""
+    with pytest.raises(TypeError, match=rf"{cls.__name__}: {field} must be {expected}, got"):
+        dataclasses.replace(cls.tiny(), **{field: value})
+
+
+def test_config_accepts_int_for_float_fields():
+    assert dataclasses.replace(TINY, layer_norm_eps=1).layer_norm_eps == 1
+
+
+@pytest.mark.parametrize("value", ["fast", "XLA", ""])
+def test_bad_attention_implementation(value):
+    with pytest.raises(ValueError, match=rf"attention_implementation {value!r} is not one of"):
+        dataclasses.replace(TINY, attention_implementation=value)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_empty_sequence_is_refused(models, framework):
+    """Sequence length 0 used to reach the pooler and fail with an opaque IndexError."""
+    with pytest.raises(ValueError, match="input_ids has sequence length 0"):
+        call(models, framework, np.zeros((2, 0), np.int64))
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("argument", ["input_ids", "token_type_ids", "masked_positions"])
+@pytest.mark.parametrize("dtype", [np.float32, np.bool_])
+def test_non_integer_ids_name_the_argument(models, framework, argument, dtype):
+    arrays = {"input_ids": good_ids(), "token_type_ids": np.zeros((B, T), np.int64),
+              "attention_mask": None, "masked_positions": np.zeros((B, 2), np.int64)}
+    arrays[argument] = arrays[argument].astype(dtype)
+    with pytest.raises(TypeError, match=rf"{argument} must hold integer ids, got dtype "):
+        call(models, framework, **arrays)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("src_len, tgt_len, name", [(0, 3, "src_ids"), (3, 0, "tgt_ids")])
+def test_encoder_decoder_empty_sequences_are_refused(framework, src_len, tgt_len, name):
+    """An empty source used to give finite logits from a decoder that attended to nothing."""
+    from jaxformer.models import encoder_decoder as jed
+    from torch_ref.models import encoder_decoder as ted
+
+    config = TransformerConfig.tiny()
+    src, tgt = np.ones((2, src_len), np.int64), np.ones((2, tgt_len), np.int64)
+    torch_model, jax_model = twin_pair(ted.Transformer, jed.Transformer, config)
+    with pytest.raises(ValueError, match=rf"{name} has sequence length 0"):
+        if framework == "torch":
+            torch_model(torch.as_tensor(src), torch.as_tensor(tgt))
+        else:
+            jax_model(jnp.asarray(src), jnp.asarray(tgt))
+    if src_len == 0:
+        memory = np.zeros((2, 0, config.hidden_size), np.float32)
+        with pytest.raises(ValueError, match="memory has source length 0"):
+            if framework == "torch":
+                torch_model.decode(torch.as_tensor(tgt), torch.as_tensor(memory))
+            else:
+                jax_model.decode(jnp.asarray(tgt), jnp.asarray(memory))
