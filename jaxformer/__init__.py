@@ -21,9 +21,15 @@ __version__ = "0.1.0"
 _SUBMODULES = ("checkpoints", "cli", "config", "embed", "models", "nn", "numerics", "parity",
                "validate")
 
-# Modules of the first release, now in their folders: `from jaxformer.bert import BertModel` and
-# `from jaxformer import bert` keep working (with a DeprecationWarning naming the new path).
+# Modules of the first release, now in their folders: `from jaxformer.bert import BertModel`,
+# `from jaxformer import bert` and `import torch_ref.bert` keep working (with a DeprecationWarning
+# naming the new path). torch_ref imports this package, so its aliases are registered too.
 MOVED = {
+    "torch_ref.bert": "torch_ref.models.bert",
+    "torch_ref.gpt": "torch_ref.models.gpt",
+    "torch_ref.encoder_decoder": "torch_ref.models.encoder_decoder",
+    "torch_ref.layers": "torch_ref.nn.layers",
+    "torch_ref.masks": "torch_ref.nn.masks",
     "jaxformer.bert": "jaxformer.models.bert",
     "jaxformer.gpt": "jaxformer.models.gpt",
     "jaxformer.encoder_decoder": "jaxformer.models.encoder_decoder",

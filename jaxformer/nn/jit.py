@@ -25,8 +25,9 @@ class Jitted:
 
     ``method`` names another method to call (``"hidden_states"``, ``"encode"``...); ``fn`` takes
     ``(model, *args)`` and returns any pytree, for a computation around the model (pooling, a
-    loss). The state after each call (RNG counters in train mode) is kept in ``self.state``;
-    :meth:`sync` writes it back into the module.
+    loss). Parameters go in and are not returned (returning them would make XLA write a copy of
+    every weight on every call); the rest of the state (RNG counters in train mode) is returned
+    and kept in ``self.rest``. :meth:`sync` writes it back into the module.
     """
 
     def __init__(self, model: nnx.Module, method: str | None = None, *, fn=None,
@@ -34,16 +35,16 @@ class Jitted:
         if method is not None and fn is not None:
             raise ValueError("give method or fn, not both")
         self.model = model
-        self.graphdef, self.state = nnx.split(model)
+        self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
         graphdef = self.graphdef
 
-        def pure(state, *args, **kwargs):
-            module = nnx.merge(graphdef, state)
+        def pure(params, rest, *args, **kwargs):
+            module = nnx.merge(graphdef, params, rest)
             if fn is not None:
                 out = fn(module, *args, **kwargs)
             else:
                 out = (module if method is None else getattr(module, method))(*args, **kwargs)
-            return out, nnx.state(module)
+            return out, nnx.split(module, nnx.Param, ...)[2]
 
         if checked:
             pure = checkify.checkify(pure, errors=checkify.index_checks | checkify.nan_checks)
@@ -52,16 +53,21 @@ class Jitted:
 
     def __call__(self, *args, **kwargs):
         if self.checked:
-            error, (out, state) = self._apply(self.state, *args, **kwargs)
+            error, (out, rest) = self._apply(self.params, self.rest, *args, **kwargs)
             error.throw()
         else:
-            out, state = self._apply(self.state, *args, **kwargs)
-        self.state = state
+            out, rest = self._apply(self.params, self.rest, *args, **kwargs)
+        self.rest = rest
         return out
+
+    def lower(self, *args, **kwargs):
+        """``jax.jit(...).lower`` for these arguments: ``.compile()`` it for the compile time or
+        XLA's cost analysis."""
+        return self._apply.lower(self.params, self.rest, *args, **kwargs)
 
     def sync(self) -> nnx.Module:
         """Write the carried state (RNG counters) back into the module and return it."""
-        nnx.update(self.model, self.state)
+        nnx.update(self.model, self.rest)
         return self.model
 
 
