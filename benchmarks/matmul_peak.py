@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Matmul rates in JAX and torch on one device: a large square matmul (the peak that MFU divides
-by) and the GEMM shapes the benchmarked models actually run, timed interleaved in one process.
+by) and the GEMM shapes the benchmarked models run, timed interleaved in one process.
 
-Each case is timed as ``--repeats`` rounds, every round running the jax and the torch version once
-in alternating order; the report gives the best and the median GFLOP/s of each and their ratio
-(jax / torch, > 1: jax faster). Linear layers are timed the way each framework's model runs them:
-jax ``x @ kernel + bias`` (kernel ``[in, out]``) in one jitted function, torch ``F.linear(x, weight,
-bias)`` (weight ``[out, in]``, MKL/oneDNN ``addmm``).
+Every case runs through the shared harness (benchmarks/harness.py): warm-up, ``--repeats``
+interleaved rounds (ABBA), medians with their spread; the ratio is jax speed / torch speed (> 1:
+jax faster). Linear layers are timed the way each framework's model runs them
+(``Bench.matmul``): jax ``x @ kernel + bias`` (kernel ``[in, out]``) in one jitted function,
+torch ``F.linear(x, weight, bias)`` (weight ``[out, in]``, MKL/oneDNN ``addmm``); attention
+products as batched matmuls. The square case uses the same code as the peak of every benchmark.
 
 XLA:CPU flags must be set before jax starts: pass them with ``--xla-flags`` (appended to
 ``XLA_FLAGS``) to compare dot back ends, e.g. ``--xla-flags=--xla_cpu_use_xnnpack=false``.
@@ -17,11 +18,12 @@ XLA:CPU flags must be set before jax starts: pass them with ``--xla-flags`` (app
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import time
+from pathlib import Path
+
+import harness
 
 
 def cases(kind: str, sizes):
@@ -45,85 +47,36 @@ def cases(kind: str, sizes):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.argument_parser(__doc__, repeats=7, warmup=2)
     p.add_argument("--cases", choices=("square", "model", "all"), default="all")
     p.add_argument("--sizes", default="2048", help="square sizes, comma-separated")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    p.add_argument("--xla-flags", default="")
-    p.add_argument("--json", default="", help="also write the results here")
-    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                   help="cpu: process CPU time (all threads) instead of wall time; on a shared "
-                        "machine, single-threaded runs (taskset -c N) timed this way are immune "
-                        "to time-slicing by other processes")
+    p.add_argument("--json", default="", help="also write the rates here (the format of the "
+                   "first matmul results: best and median GFLOP/s and times per case)")
     args = p.parse_args(argv)
-    if args.xla_flags:
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
-
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import torch
-    jax.config.update("jax_default_matmul_precision", "highest")
-    torch.set_float32_matmul_precision("highest")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    tdt = getattr(torch, args.dtype)
-    rng = np.random.RandomState(0)
-    results = {}
-    print(f"jax {jax.__version__} torch {torch.__version__} dtype {args.dtype} torch threads "
-          f"{torch.get_num_threads()} clock {args.clock} XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r} "
-          f"loadavg {os.getloadavg()}")
-    print(f"{'case':42s} {'jax best':>9s} {'torch best':>10s} {'jax med':>8s} {'torch med':>9s}"
-          f" {'ratio best':>10s} {'ratio med':>9s}   (GFLOP/s)")
-    sizes = [int(s) for s in args.sizes.split(",")]
-    for name, (M, K, N, batch, bias) in cases(args.cases, sizes).items():
-        lead = (batch,) if batch else ()
-        x = rng.standard_normal(lead + (M, K)).astype(np.float32)
-        w = (rng.standard_normal(lead + (K, N)) / np.sqrt(K)).astype(np.float32)
-        b = rng.standard_normal((N,)).astype(np.float32)
-        jx, jw, jb = (jnp.asarray(a, args.dtype) for a in (x, w, b))
-        if bias:
-            jf = jax.jit(lambda x, w, b: x @ w + b)
-        else:
-            jf = jax.jit(lambda x, w, b: x @ w)
-        tx = torch.from_numpy(x).to(tdt)
-        if batch:
-            tw = torch.from_numpy(w).to(tdt)
-            tf = lambda: torch.bmm(tx, tw)  # noqa: E731
-        else:
-            tw = torch.from_numpy(np.ascontiguousarray(w.T)).to(tdt)  # nn.Linear layout
-            tb = torch.from_numpy(b).to(tdt) if bias else None
-            tf = lambda: torch.nn.functional.linear(tx, tw, tb)  # noqa: E731
-        fns = {"jax": lambda: jf(jx, jw, jb).block_until_ready(), "torch": tf}
-        with torch.inference_mode():
-            for _ in range(2):
-                fns["jax"]()
-                fns["torch"]()
-            times = {k: [] for k in fns}
-            cpu = {k: [] for k in fns}
-            for r in range(args.repeats):
-                for k in (("jax", "torch") if r % 2 == 0 else ("torch", "jax")):
-                    c0, t0 = time.process_time(), time.perf_counter()
-                    fns[k]()
-                    times[k].append(time.perf_counter() - t0)
-                    cpu[k].append(time.process_time() - c0)
-        if args.clock == "cpu":
-            times, wall = cpu, times
-        flop = 2.0 * M * K * N * (batch or 1)
-        best = {k: flop / min(v) / 1e9 for k, v in times.items()}
-        med = {k: flop / float(np.median(v)) / 1e9 for k, v in times.items()}
-        results[name] = {"flop": flop, "best_gflops": best, "median_gflops": med,
-                         "times_s": times}
-        print(f"{name:42s} {best['jax']:9.1f} {best['torch']:10.1f} {med['jax']:8.1f} "
-              f"{med['torch']:9.1f} {best['jax'] / best['torch']:10.3f} "
-              f"{med['jax'] / med['torch']:9.3f}", flush=True)
+    bench = harness.start(args, "matmul-peak", title="Matmul rates: jax (jit) vs torch")
+    if bench is None:
+        return 0
+    rates = {}
+    for name, (m, k, n, batch, bias) in cases(args.cases, [int(s) for s in
+                                                           args.sizes.split(",")]).items():
+        flop, fns = bench.matmul(m, k, n, batch, bias)
+        case = bench.measure(fns, baseline="torch" if "torch" in fns else None, flop=flop,
+                             peak=False)
+        best = {fw: flop / case[fw]["min_s"] / 1e9 for fw in fns}
+        case.update(label=name, shape=f"{batch} x" if batch else "",
+                    notes={"best GFLOP/s " + " / ".join(fns):
+                           " / ".join(f"{best[fw]:.1f}" for fw in fns)})
+        bench.add(name, case)
+        rates[name] = {"flop": flop, "best_gflops": best,
+                       "median_gflops": {fw: flop / case[fw]["median_s"] / 1e9 for fw in fns},
+                       "times_s": {fw: case[fw]["times_s"] for fw in fns}}
+    status = bench.finish()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"xla_flags": os.environ.get("XLA_FLAGS", ""), "dtype": args.dtype,
-                       "results": results}, f, indent=1)
-    return 0
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"xla_flags": os.environ.get("XLA_FLAGS", ""),
+                                    "dtype": args.dtype, "results": rates}, indent=1) + "\n")
+    return status
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@
                      and prints, per component, the max abs difference and its bound.
   jaxformer embed    sentence embeddings from a Hugging Face BERT directory and their
                      cosine-similarity matrix.
+  jaxformer train    trains a family on a text file, in JAX or with the PyTorch twin, with
+                     metrics, a loss-curve PNG and checkpoints (see docs/training.md).
+
+Unknown arguments are reported with the usage of the subcommand they were given to.
 """
 
 from __future__ import annotations
@@ -71,12 +75,27 @@ def build_parser() -> argparse.ArgumentParser:
                     "pooling over real tokens) and print their cosine-similarity matrix.")
     embed_module.add_arguments(embed)
     embed.set_defaults(func=embed_module.run)
+
+    from jaxformer.training import command as train_command
+
+    train = commands.add_parser(
+        "train", help="train a model on a text file (JAX or the PyTorch twin)",
+        description=train_command.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    train_command.add_arguments(train)
+    train.set_defaults(func=train_command.run)
+    parser.subcommands = {"parity": parity, "embed": embed, "train": train}
     return parser
 
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # parse_args would report an unknown argument with the top-level usage; the subcommand that
+    # was given it is the one whose usage helps (argparse.error exits with status 2).
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        owner = parser.subcommands.get(args.command, parser)
+        owner.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help()
         return 2

@@ -16,6 +16,12 @@ normalisation. Pipelines with other modules (``Dense``, ...) are refused.
 
 Batches are sorted by length and padded to a multiple of 16 tokens, so ``jit`` compiles a few
 shapes rather than one per batch; padding never changes a real token's result.
+
+Inputs follow sentence-transformers: a list of texts gives ``(N, hidden)``, a single string is
+one text and gives ``(hidden,)`` (never one embedding per character). An empty or
+whitespace-only text is embedded, as sentence-transformers embeds it: the tokenizer gives
+``[CLS] [SEP]`` and the pooling runs over those two tokens. Refusing it would abort a long batch
+for one blank line, and its vector is well defined (the same for every blank text).
 """
 
 from __future__ import annotations
@@ -53,7 +59,10 @@ def default_model_dir() -> Path | None:
 def _read_json(path: Path, default=None):
     if not path.is_file():
         return default
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
 
 
 def _pooling_mode(config: dict) -> str:
@@ -86,7 +95,11 @@ class SentenceEncoder:
         transformer_dir, pooling, self.normalize = root, "mean", False
         if modules is not None:
             for module in modules:
-                kind = module["type"].rsplit(".", 1)[-1]
+                kind = str(module.get("type") or "") if isinstance(module, dict) else ""
+                if not kind:
+                    raise ValueError(f"{root / 'modules.json'}: every module needs a \"type\", "
+                                     f"got {module!r}")
+                kind = kind.rsplit(".", 1)[-1]
                 path = root / module.get("path", "")
                 if kind == "Transformer":
                     transformer_dir = path
@@ -162,13 +175,18 @@ class SentenceEncoder:
         return (np.pad(ids, pad, constant_values=self.pad_id), np.pad(types, pad),
                 np.pad(mask, pad))
 
-    def encode(self, texts: list[str], batch_size: int = 32, progress: bool = False) -> np.ndarray:
-        """``(len(texts), hidden)`` float32 embeddings, in the order of ``texts``."""
+    def encode(self, texts: str | list[str], batch_size: int = 32,
+               progress: bool = False) -> np.ndarray:
+        """``(len(texts), hidden)`` float32 embeddings, in the order of ``texts``; a single string
+        is one text and gives ``(hidden,)``, as in sentence-transformers."""
         from jaxformer import validate
 
+        if isinstance(texts, str):
+            return self.encode([texts], batch_size, progress)[0]
         texts = list(texts)
         if not all(isinstance(t, str) for t in texts):
-            raise TypeError("texts must be strings")
+            bad = next(t for t in texts if not isinstance(t, str))
+            raise TypeError(f"texts must be strings, got {type(bad).__name__} {bad!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         out = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)
@@ -184,9 +202,10 @@ class SentenceEncoder:
         return out
 
 
-def embed(model_dir: str | Path, texts: list[str], batch_size: int = 32) -> np.ndarray:
-    """Sentence embeddings of ``texts`` (``(N, hidden)`` float32) with the model in
-    ``model_dir``; L2-normalised when the model's ``modules.json`` includes ``Normalize``."""
+def embed(model_dir: str | Path, texts: str | list[str], batch_size: int = 32) -> np.ndarray:
+    """Sentence embeddings of ``texts`` (``(N, hidden)`` float32, or ``(hidden,)`` for a single
+    string) with the model in ``model_dir``; L2-normalised when the model's ``modules.json``
+    includes ``Normalize``."""
     return SentenceEncoder(model_dir).encode(texts, batch_size)
 
 
@@ -231,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
         progress = len(args.texts) > args.batch_size
         embeddings = encoder.encode(args.texts, args.batch_size, progress=progress)
         t2 = time.perf_counter()
-    except (FileNotFoundError, ValueError, TypeError) as e:
+    except (OSError, ValueError, TypeError) as e:  # CheckpointError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 1
     if t2 - t0 > 1.0:

@@ -11,8 +11,11 @@ NNX leaf       torch leaf       transform
 ``bias``       ``bias``         none
 =============  ===============  ==========================================
 
-Key sets must match exactly and every shape must agree; otherwise nothing is loaded and the error
-lists every missing, unexpected and mis-shaped key. Tied weights exist once on both sides.
+Key sets must match exactly, every shape must agree and every value must be a finite floating-point
+number (an integer or boolean tensor is not a weight, and a NaN or infinite weight would poison
+every output without a word); otherwise nothing is loaded and the error lists every missing,
+unexpected, mis-shaped, non-floating and non-finite key. Tied weights exist once on both sides.
+``nnx_to_torch`` returns fresh, writable arrays that ``torch.from_numpy`` takes as they are.
 """
 
 from __future__ import annotations
@@ -23,6 +26,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from jaxformer.checkpoints.checks import (
+    NON_FINITE,
+    NON_FLOATING,
+    VALUE_HINT,
+    weight_problems,
+)
 
 LEAF_RULES = {  # NNX leaf -> (torch leaf, transpose?)
     "kernel": ("weight", True),
@@ -91,11 +101,13 @@ def _to_numpy(value) -> np.ndarray:
 
 
 def nnx_to_torch(model: nnx.Module) -> dict[str, np.ndarray]:
-    """The model's parameters as a torch-keyed ``state_dict`` of numpy arrays."""
+    """The model's parameters as a torch-keyed ``state_dict`` of numpy arrays: C-contiguous,
+    writable copies (``np.asarray`` of a JAX array is a read-only view, which
+    ``torch.from_numpy`` would take with a warning and the model then share)."""
     out = {}
     for key, (variable, transpose) in _torch_layout(model).items():
         value = np.asarray(variable.get_value())
-        out[key] = np.ascontiguousarray(value.T) if transpose else value
+        out[key] = np.array(value.T if transpose else value, order="C", copy=True)
     return out
 
 
@@ -108,18 +120,27 @@ def torch_to_nnx(state_dict, model: nnx.Module) -> nnx.Module:
     given = {key: _to_numpy(value) for key, value in state_dict.items()}
     missing = sorted(layout.keys() - given.keys())
     unexpected = sorted(given.keys() - layout.keys())
-    misshaped = []
+    misshaped, non_floating, non_finite = [], [], []
     shapes = torch_shapes(model)
     for key in sorted(layout.keys() & given.keys()):
         want = shapes[key]
         if tuple(given[key].shape) != want:
             misshaped.append(f"{key}: got {tuple(given[key].shape)}, expected {want}")
-    if missing or unexpected or misshaped:
+            continue
+        dtype_problem, finite_problem = weight_problems(key, given[key])
+        if dtype_problem:
+            non_floating.append(dtype_problem)
+        if finite_problem:
+            non_finite.append(finite_problem)
+    problems = (("missing keys", missing), ("unexpected keys", unexpected),
+                ("mis-shaped keys", misshaped),
+                (NON_FLOATING, non_floating), (NON_FINITE, non_finite))
+    if any(items for _, items in problems):
         lines = [f"state_dict does not match {type(model).__name__}; nothing was loaded."]
-        for title, items in (("missing keys", missing), ("unexpected keys", unexpected),
-                             ("mis-shaped keys", misshaped)):
-            if items:
-                lines.append(f"  {title} ({len(items)}): " + ", ".join(items))
+        lines += [f"  {title} ({len(items)}): " + ", ".join(items) for title, items in problems
+                  if items]
+        if non_floating or non_finite:
+            lines.append(VALUE_HINT)
         raise StateDictMismatchError("\n".join(lines))
     for key, (variable, transpose) in layout.items():
         value = given[key].T if transpose else given[key]

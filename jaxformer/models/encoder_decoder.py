@@ -18,6 +18,14 @@ Masks: the public ``src_mask`` / ``tgt_mask`` are ``[batch, seq]`` 1/0 (1 = real
 from ``config.src_pad_id`` / ``config.tgt_pad_id`` when not given. Inside they become boolean
 ``[B, 1, T, S]`` masks, True = may attend: the encoder self-attention masks source padding, the
 decoder self-attention is causal AND target padding, the cross-attention masks source padding.
+
+Decoding with a KV cache (``jaxformer.generation``): ``init_cache(memory, max_length, src_mask)``
+computes every decoder layer's cross-attention keys and values from the memory once and
+preallocates the self-attention cache; ``decode(tgt_ids, None, cache=cache)`` then runs only the
+new target tokens (positions continue from the cache's index) and returns ``(logits, cache)``.
+The cache is plain data: ``{"layers": [{"self": {"key", "value"} (B, L, nh, hs), "cross":
+{"key", "value"} (B, S, nh, hs)}], "mask": (B, L) real target tokens in the filled slots,
+"index": slots filled, "source_mask": (B, S)}``.
 """
 
 from __future__ import annotations
@@ -25,17 +33,18 @@ from __future__ import annotations
 import functools
 import math
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import validate
 from jaxformer.config import TransformerConfig
-from jaxformer.numerics import sinusoidal_positions
-from jaxformer.nn.attention import MultiHeadAttention
-from jaxformer.nn.layers import FeedForward, TransformerBlock
-from jaxformer.nn.params import embedding, layer_norm, linear
+from jaxformer.generation import checks
+from jaxformer.nn.attention import MultiHeadAttention, cache_mask
+from jaxformer.nn.layers import FeedForward, TransformerBlock, split_cache
 from jaxformer.nn.masks import causal_mask, combine_masks, padding_mask
-
+from jaxformer.nn.params import embedding, layer_norm, linear
+from jaxformer.numerics import sinusoidal_positions
 
 # The fixed table of positions, computed once per size on the host.
 sinusoidal_table = functools.lru_cache(maxsize=None)(sinusoidal_positions)
@@ -62,17 +71,24 @@ class TransformerEmbeddings(nnx.Module):
         self.scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
-    def __call__(self, input_ids, shared_embeddings=None):
+    def __call__(self, input_ids, shared_embeddings=None, position_ids=None):
+        """``(B, T)`` ids -> ``(B, T, C)``; positions ``0 .. T-1`` unless ``position_ids``
+        (``(T,)``, a cached decoding step's) are given."""
         tokens = self.token_embeddings if self.token_embeddings is not None else shared_embeddings
         if tokens is None:
             raise ValueError("TransformerEmbeddings shares its token table: pass shared_embeddings")
         T = input_ids.shape[1]
         x = tokens(input_ids) * self.scale  # (B, T, C)
         if self.position_embeddings is not None:
-            x = x + self.position_embeddings(jnp.arange(T))[None]
+            x = x + self.position_embeddings(
+                jnp.arange(T) if position_ids is None else position_ids)[None]
         else:
             table = sinusoidal_table(self.max_position_embeddings, x.shape[-1])
-            x = x + jnp.asarray(table[:T], x.dtype)[None]  # positions 0 .. T-1
+            if position_ids is None:
+                x = x + jnp.asarray(table[:T], x.dtype)[None]  # positions 0 .. T-1
+            else:  # a position past the table reads NaN, as Embed does (DESIGN.md)
+                x = x + jnp.take(jnp.asarray(table, x.dtype), position_ids, axis=0, mode="fill",
+                                 fill_value=jnp.nan)[None]
         return self.dropout(x)
 
 
@@ -97,16 +113,32 @@ class DecoderLayer(nnx.Module):
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
         self.pre_norm = config.pre_norm
 
-    def __call__(self, x, memory, self_mask=None, cross_mask=None):
+    def __call__(self, x, memory, self_mask=None, cross_mask=None, cache=None,
+                 cache_index=None):
+        """With ``cache`` (``{"self", "cross"}``, see the module doc) ``memory`` is None and the
+        call returns ``(x, new cache)``."""
+        self_cache, cross_cache = (None, None) if cache is None else (cache["self"],
+                                                                      cache["cross"])
+
+        def self_attend(h):
+            return split_cache(self.self_attention(h, mask=self_mask, cache=self_cache,
+                                                   cache_index=cache_index), self_cache)
+
+        def cross_attend(h):
+            return split_cache(self.cross_attention(h, memory, cross_mask, cross_cache),
+                               cross_cache)[0]
+
         if self.pre_norm:
-            x = x + self.dropout(self.self_attention(self.self_attention_norm(x), mask=self_mask))
-            x = x + self.dropout(self.cross_attention(self.cross_attention_norm(x), memory,
-                                                      cross_mask))
-            return x + self.dropout(self.feed_forward(self.ffn_norm(x)))
-        x = self.self_attention_norm(x + self.dropout(self.self_attention(x, mask=self_mask)))
-        x = self.cross_attention_norm(x + self.dropout(self.cross_attention(x, memory,
-                                                                            cross_mask)))
-        return self.ffn_norm(x + self.dropout(self.feed_forward(x)))
+            h, self_cache = self_attend(self.self_attention_norm(x))
+            x = x + self.dropout(h)
+            x = x + self.dropout(cross_attend(self.cross_attention_norm(x)))
+            x = x + self.dropout(self.feed_forward(self.ffn_norm(x)))
+        else:
+            h, self_cache = self_attend(x)
+            x = self.self_attention_norm(x + self.dropout(h))
+            x = self.cross_attention_norm(x + self.dropout(cross_attend(x)))
+            x = self.ffn_norm(x + self.dropout(self.feed_forward(x)))
+        return x if cache is None else (x, {"self": self_cache, "cross": cross_cache})
 
 
 class Encoder(nnx.Module):
@@ -133,12 +165,20 @@ class Decoder(nnx.Module):
                                 for _ in range(config.num_decoder_layers)])
         self.final_norm = layer_norm(config, rngs=rngs) if config.final_layer_norm else None
 
-    def __call__(self, hidden_states, memory, self_mask=None, cross_mask=None):
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, memory, self_mask, cross_mask)
+    def __call__(self, hidden_states, memory, self_mask=None, cross_mask=None, cache=None,
+                 cache_index=None):
+        """With ``cache`` (one per layer) returns ``(hidden_states, new caches)``."""
+        new_cache = []
+        for n, layer in enumerate(self.layers):
+            if cache is None:
+                hidden_states = layer(hidden_states, memory, self_mask, cross_mask)
+            else:
+                hidden_states, layer_cache = layer(hidden_states, memory, self_mask, cross_mask,
+                                                   cache[n], cache_index)
+                new_cache.append(layer_cache)
         if self.final_norm is not None:
             hidden_states = self.final_norm(hidden_states)
-        return hidden_states
+        return hidden_states if cache is None else (hidden_states, new_cache)
 
 
 class Transformer(nnx.Module):
@@ -170,22 +210,59 @@ class Transformer(nnx.Module):
         x = self.src_embeddings(src_ids, self.shared_embeddings)
         return self.encoder(x, padding_mask(src_mask))  # mask (B, 1, 1, S)
 
-    def decode(self, tgt_ids, memory, src_mask=None, tgt_mask=None):
+    def init_cache(self, memory, max_length: int, src_mask=None) -> dict:
+        """A cache for decoding ``max_length`` target tokens against ``memory`` ``(B, S, C)``:
+        cross-attention keys and values computed here, once (see the module doc)."""
+        B, S, _ = memory.shape
+        shape = (B, max_length, self.config.num_heads, self.config.head_dim)
+        dtype = jnp.dtype(self.config.dtype)
+        layers = [{"self": {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)},
+                   "cross": layer.cross_attention.key_value(memory)}
+                  for layer in self.decoder.layers]
+        source_mask = jnp.ones((B, S), bool) if src_mask is None else jnp.asarray(src_mask) > 0
+        return {"layers": layers, "mask": jnp.zeros((B, max_length), bool),
+                "index": jnp.zeros((), jnp.int32), "source_mask": source_mask}
+
+    def decode(self, tgt_ids, memory, src_mask=None, tgt_mask=None, cache=None):
         """``(B, T)`` target ids and memory ``(B, S, C)`` -> logits ``(B, T, tgt_vocab_size)``.
 
         ``src_mask=None`` lets the target attend to every memory position (``decode`` never sees
-        the source ids); ``tgt_mask=None`` is built from ``config.tgt_pad_id``.
+        the source ids); ``tgt_mask=None`` is built from ``config.tgt_pad_id``. With ``cache``
+        (from :meth:`init_cache`, which holds the memory's keys and the source mask) ``memory``
+        and ``src_mask`` are None, ``tgt_ids`` are the next tokens only, and the result is
+        ``(logits, new cache)``.
         """
         cfg = self.config
         validate.check_target(cfg, tgt_ids, tgt_mask)
-        validate.check_memory(memory, tgt_ids, src_mask, cfg.hidden_size)
         if tgt_mask is None:
             tgt_mask = tgt_ids != cfg.tgt_pad_id
+        if cache is not None:
+            return self._cached_decode(tgt_ids, memory, src_mask, tgt_mask, cache)
+        validate.check_memory(memory, tgt_ids, src_mask, cfg.hidden_size)
         T = tgt_ids.shape[1]
         self_mask = combine_masks(causal_mask(T), padding_mask(tgt_mask))  # (B, 1, T, T)
         cross_mask = None if src_mask is None else padding_mask(src_mask)  # (B, 1, 1, S)
         y = self.tgt_embeddings(tgt_ids, self.shared_embeddings)
-        hidden_states = self.decoder(y, memory, self_mask, cross_mask)  # (B, T, C)
+        return self._logits(self.decoder(y, memory, self_mask, cross_mask))  # (B, T, V)
+
+    def _cached_decode(self, tgt_ids, memory, src_mask, tgt_mask, cache):
+        if memory is not None or src_mask is not None:
+            raise ValueError("decode with a cache reads the memory's keys and values and the "
+                             "source mask from the cache: pass memory=None, src_mask=None")
+        T, index = tgt_ids.shape[1], cache["index"]
+        checks.check_cache_call("tgt_ids", tgt_ids, *cache["mask"].shape, index)
+        valid = jax.lax.dynamic_update_slice(cache["mask"], jnp.asarray(tgt_mask).astype(bool),
+                                             (0, index))  # (B, L)
+        self_mask = cache_mask(valid, index, T)  # (B, 1, T, L)
+        cross_mask = padding_mask(cache["source_mask"])  # (B, 1, 1, S)
+        y = self.tgt_embeddings(tgt_ids, self.shared_embeddings, index + jnp.arange(T))
+        hidden_states, layers = self.decoder(y, None, self_mask, cross_mask, cache["layers"],
+                                             index)
+        cache = {"layers": layers, "mask": valid, "index": index + T,
+                 "source_mask": cache["source_mask"]}
+        return self._logits(hidden_states), cache
+
+    def _logits(self, hidden_states):
         if self.output_projection is not None:
             return self.output_projection(hidden_states)
         tokens = (self.shared_embeddings if self.shared_embeddings is not None

@@ -17,18 +17,29 @@ positions exactly the logits of the same prompt unpadded. Without a mask, ``aran
 A padded query row (left padding puts them first) has every key masked: as masks.py documents,
 its softmax is then uniform over all keys. Such rows are finite, equal in both frameworks, and
 meaningless; nothing real attends to them.
+
+Decoding with a KV cache (``jaxformer.generation``): ``init_cache`` preallocates one, and
+``hidden_states`` / ``__call__`` given ``cache=`` run only the new tokens and return ``(output,
+new cache)``. The cache is plain data: ``{"layers": [{"key", "value"} (B, L, nh, hs) per block],
+"mask": (B, L) bool, real tokens in the filled slots, "index": slots filled, "positions": (B,)
+position of each row's next real token}``. The new tokens' positions continue each row's count
+of real tokens, so a left-padded prompt and its continuation get exactly the positions and the
+mask of a full forward over the whole sequence.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import validate
 from jaxformer.config import GPTConfig
+from jaxformer.generation import checks
+from jaxformer.nn.attention import cache_mask
 from jaxformer.nn.layers import TransformerBlock
-from jaxformer.nn.params import embedding, layer_norm, linear
 from jaxformer.nn.masks import causal_mask, combine_masks, padding_mask
+from jaxformer.nn.params import embedding, layer_norm, linear
 
 
 def position_ids_from_mask(attention_mask) -> jnp.ndarray:
@@ -74,10 +85,23 @@ class GPT(nnx.Module):
                         linear(config.hidden_size, config.vocab_size, config, rngs=rngs,
                                use_bias=False))
 
-    def hidden_states(self, input_ids, attention_mask=None):
-        """``(B, T, C)`` after the last block and the final LayerNorm (when the config has one)."""
+    def init_cache(self, batch_size: int, max_length: int) -> dict:
+        """An empty cache of ``max_length`` slots for ``batch_size`` rows (see the module doc)."""
+        shape = (batch_size, max_length, self.config.num_heads, self.config.head_dim)
+        dtype = jnp.dtype(self.config.dtype)
+        return {"layers": [{"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)}
+                           for _ in self.blocks],
+                "mask": jnp.zeros((batch_size, max_length), bool),
+                "index": jnp.zeros((), jnp.int32),
+                "positions": jnp.zeros((batch_size,), jnp.int32)}
+
+    def hidden_states(self, input_ids, attention_mask=None, cache=None):
+        """``(B, T, C)`` after the last block and the final LayerNorm (when the config has one).
+        With ``cache``: ``input_ids`` are the next tokens only; returns ``(hidden, cache)``."""
         validate.check_gpt_inputs(self.config, input_ids, attention_mask)
         T = input_ids.shape[1]
+        if cache is not None:
+            return self._cached_hidden_states(input_ids, attention_mask, cache)
         if attention_mask is None:
             position_ids = jnp.arange(T)[None]  # (1, T)
         else:
@@ -86,9 +110,28 @@ class GPT(nnx.Module):
         x = self.embeddings(input_ids, position_ids)
         for block in self.blocks:
             x = block(x, mask)
-        if self.final_layer_norm is not None:
-            x = self.final_layer_norm(x)
-        return x
+        return self._final_norm(x)
+
+    def _cached_hidden_states(self, input_ids, attention_mask, cache):
+        (B, T), index = input_ids.shape, cache["index"]
+        checks.check_cache_call("input_ids", input_ids, *cache["mask"].shape, index)
+        new = (jnp.ones((B, T), bool) if attention_mask is None
+               else jnp.asarray(attention_mask).astype(bool))
+        counts = jnp.cumsum(new, axis=-1, dtype=jnp.int32)
+        position_ids = jnp.where(new, cache["positions"][:, None] + counts - 1, 0)  # (B, T)
+        valid = jax.lax.dynamic_update_slice(cache["mask"], new, (0, index))  # (B, L)
+        mask = cache_mask(valid, index, T)  # (B, 1, T, L)
+        x = self.embeddings(input_ids, position_ids)
+        layers = []
+        for block, layer_cache in zip(self.blocks, cache["layers"]):
+            x, layer_cache = block(x, mask, layer_cache, index)
+            layers.append(layer_cache)
+        cache = {"layers": layers, "mask": valid, "index": index + T,
+                 "positions": cache["positions"] + counts[:, -1]}
+        return self._final_norm(x), cache
+
+    def _final_norm(self, x):
+        return x if self.final_layer_norm is None else self.final_layer_norm(x)
 
     def logits(self, hidden_states):
         """The LM head: ``(..., C) -> (..., vocab)``, through the token embedding when tied."""
@@ -96,5 +139,8 @@ class GPT(nnx.Module):
             return self.embeddings.word_embeddings.attend(hidden_states)
         return self.lm_head(hidden_states)
 
-    def __call__(self, input_ids, attention_mask=None):
-        return self.logits(self.hidden_states(input_ids, attention_mask))
+    def __call__(self, input_ids, attention_mask=None, cache=None):
+        if cache is None:
+            return self.logits(self.hidden_states(input_ids, attention_mask))
+        hidden, cache = self.hidden_states(input_ids, attention_mask, cache)
+        return self.logits(hidden), cache

@@ -48,7 +48,7 @@ IMPLEMENTATIONS = {
 
 def attention(q, k, v, mask=None, dropout: nnx.Dropout | None = None,
               implementation: str = "auto"):
-    """Scaled dot-product attention on ``(B, T, nh, hs)`` queries and ``(B, S, nh, hs)`` keys/values.
+    """Scaled dot-product attention, ``(B, T, nh, hs)`` queries, ``(B, S, nh, hs)`` keys/values.
 
     ``mask`` is boolean, broadcastable to ``(B, nh, T, S)``, True = may attend. Softmax runs in
     float32. ``implementation`` is one of ``config.ATTENTION_IMPLEMENTATIONS``; ``"auto"`` takes
@@ -64,8 +64,30 @@ def attention(q, k, v, mask=None, dropout: nnx.Dropout | None = None,
     return IMPLEMENTATIONS[implementation](q, k, v, mask, active)
 
 
+def cache_mask(valid, cache_index, q_len: int) -> jnp.ndarray:
+    """The mask of a cached call: ``T = q_len`` queries at slots ``cache_index + t`` over ``L``
+    cache slots. ``valid`` ``(B, L)`` marks the slots holding real tokens (this call's included).
+    A query may attend to a valid slot at or before its own: causal over slots AND padding, the
+    full forward's mask over the same tokens. Returns boolean ``(B, 1, T, L)``."""
+    slots = jnp.arange(valid.shape[1])
+    causal = slots[None, :] <= cache_index + jnp.arange(q_len)[:, None]  # (T, L)
+    return jnp.logical_and(causal[None, None], valid[:, None, None, :])
+
+
 class MultiHeadAttention(nnx.Module):
-    """Self-attention (``context=None``) or cross-attention over ``context``."""
+    """Self-attention (``context=None``) or cross-attention over ``context``.
+
+    Decoding with a KV cache (``jaxformer.generation``): ``cache`` is plain data,
+    ``{"key": (B, L, nh, hs), "value": (B, L, nh, hs)}``, preallocated to L slots.
+
+    - Self-attention, ``cache_index`` given (a scalar, traced or not): this call's keys and values
+      are written at slots ``[cache_index, cache_index + T)`` and the queries attend over all L
+      slots; ``mask`` (``(B, 1, T, L)``) says which slots count. Returns ``(output, new cache)``.
+    - Cross-attention, ``cache_index=None``: the cache holds the context's keys and values,
+      computed once by :meth:`key_value`; ``context`` must be None. Returns ``(output, cache)``.
+
+    Without a cache the call returns the output alone, as before.
+    """
 
     def __init__(self, config, *, rngs: nnx.Rngs):
         C = config.hidden_size
@@ -78,12 +100,27 @@ class MultiHeadAttention(nnx.Module):
         self.attention_dropout = nnx.Dropout(config.attention_dropout_rate, rngs=rngs)
         self.implementation = config.attention_implementation
 
-    def __call__(self, hidden_states, context=None, mask=None):
-        context = hidden_states if context is None else context
+    def key_value(self, context) -> dict:
+        """``(B, S, C)`` -> ``{"key", "value"}``, each ``(B, S, nh, hs)``."""
+        B, S, _ = context.shape
+        return {"key": self.key(context).reshape(B, S, self.num_heads, self.head_dim),
+                "value": self.value(context).reshape(B, S, self.num_heads, self.head_dim)}
+
+    def __call__(self, hidden_states, context=None, mask=None, cache=None, cache_index=None):
         B, T, C = hidden_states.shape
-        S = context.shape[1]
         q = self.query(hidden_states).reshape(B, T, self.num_heads, self.head_dim)
-        k = self.key(context).reshape(B, S, self.num_heads, self.head_dim)
-        v = self.value(context).reshape(B, S, self.num_heads, self.head_dim)
-        y = attention(q, k, v, mask, self.attention_dropout, self.implementation)
-        return self.output(y.reshape(B, T, C))
+        if cache is not None and cache_index is None:  # cross-attention, keys/values cached
+            if context is not None:
+                raise ValueError("cross-attention with a cache reads the context's keys and "
+                                 "values from it: pass context=None")
+            kv = cache
+        else:
+            kv = self.key_value(hidden_states if context is None else context)
+            if cache is not None:  # self-attention: write this call's slots, read all of them
+                kv = {name: jax.lax.dynamic_update_slice(
+                    cache[name], kv[name].astype(cache[name].dtype), (0, cache_index, 0, 0))
+                    for name in ("key", "value")}
+        y = attention(q, kv["key"], kv["value"], mask, self.attention_dropout,
+                      self.implementation)  # (B, T, nh, hs)
+        out = self.output(y.reshape(B, T, C))
+        return out if cache is None else (out, kv)

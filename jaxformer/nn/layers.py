@@ -7,8 +7,9 @@ Shapes: B batch, T query length, S key length, C hidden size, nh heads, hs head 
 
 from __future__ import annotations
 
+import functools
+
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.nn.attention import MultiHeadAttention
@@ -48,9 +49,22 @@ class TransformerBlock(nnx.Module):
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
         self.pre_norm = config.pre_norm
 
-    def __call__(self, x, mask=None):
+    def __call__(self, x, mask=None, cache=None, cache_index=None):
+        """``(B, T, C) -> (B, T, C)``; with a self-attention ``cache`` (see
+        ``MultiHeadAttention``) returns ``(output, new cache)``."""
+        attend = functools.partial(self.attention, mask=mask, cache=cache,
+                                   cache_index=cache_index)
         if self.pre_norm:
-            x = x + self.dropout(self.attention(self.attention_norm(x), mask=mask))
-            return x + self.dropout(self.feed_forward(self.ffn_norm(x)))
-        x = self.attention_norm(x + self.dropout(self.attention(x, mask=mask)))
-        return self.ffn_norm(x + self.dropout(self.feed_forward(x)))
+            h, cache = split_cache(attend(self.attention_norm(x)), cache)
+            x = x + self.dropout(h)
+            x = x + self.dropout(self.feed_forward(self.ffn_norm(x)))
+        else:
+            h, cache = split_cache(attend(x), cache)
+            x = self.attention_norm(x + self.dropout(h))
+            x = self.ffn_norm(x + self.dropout(self.feed_forward(x)))
+        return x if cache is None else (x, cache)
+
+
+def split_cache(result, cache):
+    """An attention call's result -> ``(output, cache)``: it returned a pair when given a cache."""
+    return result if cache is not None else (result, None)

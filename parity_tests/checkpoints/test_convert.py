@@ -1,15 +1,20 @@
-"""``jaxformer.convert``: torch ``state_dict`` <-> NNX parameters for every BERT class.
+"""``jaxformer.checkpoints.convert``: torch ``state_dict`` <-> NNX parameters for every BERT class.
 
 - torch -> NNX -> torch is bit-identical (every key, every value, every dtype);
 - what ``nnx_to_torch`` produces loads into the torch twin with ``strict=True``, and the twin then
-  computes what the NNX model computes (the NNX -> torch direction, from NNX's own init);
-- missing, unexpected and mis-shaped keys each raise ``StateDictMismatchError`` naming the key,
-  and nothing is loaded: the model is left exactly as it was.
+  computes what the NNX model computes (the NNX -> torch direction). The weights are randomised
+  to unit-scale activations (not the N(0, 0.02) init, behind which a transposed square weight
+  moves the output by only ~1e-4: measured below);
+- missing, unexpected, mis-shaped, non-floating and non-finite keys each raise
+  ``StateDictMismatchError`` naming the key, and nothing is loaded: the model is left exactly as
+  it was;
+- ``nnx_to_torch`` returns writable arrays (``torch.from_numpy`` takes them without a warning).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import jax.numpy as jnp
 import numpy as np
@@ -17,12 +22,17 @@ import pytest
 import torch
 from flax import nnx
 
-from parity_tests.helpers import assert_close, make_attention_mask
-from jaxformer.models import bert as jb
 from jaxformer.checkpoints import convert
-from jaxformer.nn import layers as jl
-from jaxformer.config import BertConfig
 from jaxformer.checkpoints.convert import StateDictMismatchError
+from jaxformer.config import BertConfig
+from jaxformer.models import bert as jb
+from jaxformer.nn import layers as jl
+from parity_tests.helpers import (
+    FORWARD_RTOL,
+    assert_close,
+    make_attention_mask,
+    max_rel_diff,
+)
 from torch_ref.models import bert as tb
 from torch_ref.nn import layers as tl
 
@@ -51,9 +61,22 @@ def torch_state(model: torch.nn.Module) -> dict[str, np.ndarray]:
 
 def assert_state_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]):
     assert a.keys() == b.keys()
-    for key in a:
-        assert a[key].dtype == b[key].dtype, key
-        assert np.array_equal(a[key], b[key]), f"{key} differs"
+    for key, value in a.items():
+        assert value.dtype == b[key].dtype, key
+        assert np.array_equal(value, b[key]), f"{key} differs"
+
+
+def randomize_nnx(model: nnx.Module, seed: int) -> nnx.Module:
+    """Every parameter moved far from its init: kernels by N(0, 1/fan_in) (unit-scale
+    activations, so each projection matters to the output), the rest by N(0, 0.5) (embeddings,
+    biases off zero, LayerNorm scales off one)."""
+    rng = np.random.default_rng(seed)
+    for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        value = np.asarray(variable.get_value())
+        scale = 1 / np.sqrt(value.shape[0]) if str(path[-1]) == "kernel" else 0.5
+        noise = rng.normal(size=value.shape).astype(np.float32) * scale
+        variable.set_value(jnp.asarray(value + noise))
+    return model
 
 
 @pytest.mark.parametrize("config_name", ["tiny", "d2l_small"])
@@ -112,10 +135,10 @@ def test_leaf_rules():
                                   "BertForSequenceClassification"])
 @pytest.mark.parametrize("config_name", ["tiny", "d2l_small"])
 def test_torch_loads_nnx_weights_strictly_and_agrees(name, config_name):
-    """NNX -> torch: the twin loads NNX's own initialisation (strict) and computes the same."""
+    """NNX -> torch: the twin loads NNX's (randomised) weights strictly and computes the same."""
     config = CONFIGS[config_name]
     torch_cls, jax_cls = classes(name)
-    jax_model = jax_cls(config, rngs=nnx.Rngs(2))
+    jax_model = randomize_nnx(jax_cls(config, rngs=nnx.Rngs(2)), seed=2)
     jax_model.eval()
     torch_model = torch_cls(config).eval()
     state = convert.nnx_to_torch(jax_model)
@@ -135,6 +158,26 @@ def test_torch_loads_nnx_weights_strictly_and_agrees(name, config_name):
     for e, g in zip(expected, got):
         where = attention_mask.astype(bool) if e.ndim == 3 else None
         assert_close(e, g, where=where)
+
+
+def test_output_comparison_sees_a_transposed_square_weight():
+    """The comparison above has power: a square weight loaded transposed (same shape, so no key
+    or shape check can see it) moves the outputs far beyond the 1e-5 bound. With the N(0, 0.02)
+    init the same bug moved the sequence output by only 1e-4 (measured): too thin a margin,
+    hence the randomised weights."""
+    jax_model = randomize_nnx(jb.BertModel(TINY, rngs=nnx.Rngs(2)), seed=2)
+    state = convert.nnx_to_torch(jax_model)
+    ids = torch.from_numpy(np.random.RandomState(3).randint(0, TINY.vocab_size, (3, 7)))
+    outputs = []
+    for transpose in (False, True):
+        key = "encoder.layers.0.attention.query.weight"
+        given = {**state, key: state[key].T.copy()} if transpose else state
+        torch_model = tb.BertModel(TINY).eval()
+        torch_model.load_state_dict({k: torch.tensor(v) for k, v in given.items()})
+        with torch.no_grad():
+            outputs.append(torch_model(ids))
+    for right, wrong in zip(*outputs):
+        assert max_rel_diff(right, wrong) > 1000 * FORWARD_RTOL
 
 
 # ------------------------------------------------------------------------------------------------
@@ -268,3 +311,68 @@ def test_unknown_leaf_is_refused():
         convert.nnx_to_torch(Odd())
     with pytest.raises(ValueError, match="leaf 'gain'"):
         convert.torch_to_nnx({}, Odd())
+
+
+# ------------------------------------------------------------------------------------------------
+# values: only finite floating-point weights load
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32", "bool", "torch.int64", "torch.bool"])
+def test_integer_and_boolean_tensors_are_refused(loaded_pair, dtype):
+    """An int64 tensor of zeros used to load silently as a weight of zeros."""
+    torch_model, jax_model = loaded_pair
+    state = shifted_state(torch_model)
+    key = "bert.pooler.dense.bias"
+    zeros = np.zeros(state[key].shape, dtype.removeprefix("torch."))
+    state[key] = torch.from_numpy(zeros) if dtype.startswith("torch.") else zeros
+    assert_rejected_and_unchanged(jax_model, state, "non-floating keys (1)",
+                                  f"{key} ({dtype.removeprefix('torch.')})")
+
+
+def test_non_finite_weights_are_refused(loaded_pair):
+    torch_model, jax_model = loaded_pair
+    state = shifted_state(torch_model)
+    state["mlm.bias"][3] = np.nan
+    state["nsp.classifier.weight"][0, :2] = [np.inf, -np.inf]
+    state["bert.embeddings.word_embeddings.weight"] = state[
+        "bert.embeddings.word_embeddings.weight"].astype(np.int16)
+    assert_rejected_and_unchanged(
+        jax_model, state, "non-finite keys (2)", "mlm.bias (1 NaN, 0 infinite)",
+        "nsp.classifier.weight (0 NaN, 2 infinite)", "non-floating keys (1)",
+        "bert.embeddings.word_embeddings.weight (int16)")
+
+
+def test_half_precision_weights_load(loaded_pair):
+    """bfloat16 (numpy's ml_dtypes and torch's) and float16 are floating point: they load,
+    upcast exactly to the model's float32."""
+    import ml_dtypes
+
+    torch_model, jax_model = loaded_pair
+    state = shifted_state(torch_model)
+    given = {}
+    for n, (key, value) in enumerate(state.items()):
+        kind = n % 3
+        given[key] = (value.astype(ml_dtypes.bfloat16) if kind == 0 else
+                      torch.from_numpy(value).to(torch.bfloat16) if kind == 1 else
+                      value.astype(np.float16))
+    convert.torch_to_nnx(given, jax_model)
+    expected = {k: (v.float().numpy() if isinstance(v, torch.Tensor) else v.astype(np.float32))
+                for k, v in given.items()}
+    assert_state_equal(expected, convert.nnx_to_torch(jax_model))
+
+
+def test_nnx_to_torch_gives_writable_copies():
+    """``np.asarray`` of a JAX array is read-only: ``torch.from_numpy`` warned on it, and the
+    README's transfer snippet with it. Now each array is a writable copy of its own."""
+    jax_model = jb.BertForPreTraining(TINY, rngs=nnx.Rngs(0))
+    state = convert.nnx_to_torch(jax_model)
+    assert all(v.flags.writeable and v.flags.c_contiguous for v in state.values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tensors = {k: torch.from_numpy(v) for k, v in state.items()}
+    torch_model = tb.BertForPreTraining(TINY)
+    torch_model.load_state_dict(tensors, strict=True)
+    before = {k: v.copy() for k, v in state.items()}
+    for value in state.values():
+        value += 1.0  # writing into the arrays must not reach the model
+    assert_state_equal(before, convert.nnx_to_torch(jax_model))

@@ -1,11 +1,12 @@
-"""Hugging Face checkpoints: ``jaxformer.hf`` import/export and ``jaxformer.embed`` against the
-real thing, Hugging Face transformers and sentence-transformers, which nobody here wrote.
+"""Hugging Face checkpoints: ``jaxformer.checkpoints.hf`` import/export and ``jaxformer.embed``
+against the real thing, Hugging Face transformers and sentence-transformers, which nobody here
+wrote.
 
 Import: randomly initialised transformers models of every supported architecture (tiny sizes,
 every parameter perturbed so no bias is trivially zero and no LayerNorm scale trivially one) are
-saved the way transformers saves them, loaded by ``jaxformer.hf.from_pretrained`` into both
-frameworks, and run on a batch with right and left padding; outputs must agree to DESIGN.md's
-1e-5 of their scale on real tokens. Export: our models go through ``save_pretrained`` and come
+saved the way transformers saves them, loaded by ``hf.from_pretrained`` into both frameworks,
+and run on a batch with right and left padding; outputs must agree to DESIGN.md's 1e-5 of their
+scale on real tokens. Export: our models go through ``save_pretrained`` and come
 back through transformers' own ``from_pretrained`` with no missing or unexpected keys and the
 same outputs. Then real checkpoint quirks, the pretrained all-MiniLM-L6-v2 against
 sentence-transformers, and every bad input with the error it must raise.
@@ -19,61 +20,27 @@ import os
 import shutil
 import warnings
 
-os.environ["HF_HUB_OFFLINE"] = "1"  # everything here is local; never touch the network
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+from safetensors.numpy import load_file, save_file
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from flax import nnx  # noqa: E402
-from safetensors.numpy import load_file, save_file  # noqa: E402
-
-from parity_tests.helpers import assert_close, to_numpy  # noqa: E402
-from jaxformer.models import bert as jb  # noqa: E402
-from jaxformer.checkpoints import convert, hf  # noqa: E402
-from jaxformer.models import gpt as jg  # noqa: E402
-from jaxformer.config import BertConfig, GPTConfig  # noqa: E402
-from torch_ref.models import bert as tb  # noqa: E402
-from torch_ref.models import gpt as tg  # noqa: E402
-
-transformers.utils.logging.disable_progress_bar()
+from jaxformer.checkpoints import convert, hf
+from jaxformer.config import BertConfig, GPTConfig
+from jaxformer.models import bert as jb
+from jaxformer.models import gpt as jg
+from parity_tests.checkpoints.hf_models import hf_bert_config, hf_gpt2_config, hf_model, randomize
+from parity_tests.helpers import assert_close, to_numpy
+from torch_ref.models import bert as tb
+from torch_ref.models import gpt as tg
 
 FRAMEWORKS = ("jax", "torch")
 BERT_ARCHS = ("BertModel", "BertForPreTraining", "BertForMaskedLM",
               "BertForSequenceClassification")
 B, T = 3, 12
-
-
-# The sizes of BertConfig.tiny() / GPTConfig.tiny(), so jit caches are shared with the suite.
-def hf_bert_config(**overrides) -> transformers.BertConfig:
-    return transformers.BertConfig(**{
-        "vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "intermediate_size": 37, "max_position_embeddings": 64, "type_vocab_size": 3,
-        "num_labels": 3, **overrides})
-
-
-def hf_gpt2_config(**overrides) -> transformers.GPT2Config:
-    return transformers.GPT2Config(**{
-        "vocab_size": 101, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64,
-        "n_inner": 37, "bos_token_id": None, "eos_token_id": None, **overrides})
-
-
-def randomize(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Perturb every parameter (tied ones once): LayerNorm scales off one, biases off zero."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=gen))
-    return module.eval()
-
-
-def hf_model(arch: str, config=None, seed: int = 0) -> torch.nn.Module:
-    if config is None:
-        config = hf_gpt2_config() if arch.startswith("GPT2") else hf_bert_config()
-    torch.manual_seed(seed)
-    return randomize(getattr(transformers, arch)(config), seed)
 
 
 def inputs(vocab: int, seed: int = 0):
@@ -321,6 +288,8 @@ SENTENCES = [
     "Hi!",
     "Two men pushed carts through the woods, and neither of them said a word for hours.",
     "Ünïcödé façade: naïve café résumé, 東京 and emoji-free punctuation (really).",
+    "",  # empty and blank texts: [CLS] [SEP], as sentence-transformers embeds them
+    "   ",
 ]
 
 
@@ -339,12 +308,16 @@ def test_minilm_embeddings_match_sentence_transformers(minilm_dir):
 
     from jaxformer import embed
 
-    ours = embed.embed(minilm_dir, SENTENCES, batch_size=4)  # two batches, sorted by length
-    reference = SentenceTransformer(str(minilm_dir), device="cpu").encode(SENTENCES,
-                                                                          batch_size=4)
-    assert ours.shape == reference.shape == (6, 384)
+    encoder = embed.SentenceEncoder(minilm_dir)
+    ours = encoder.encode(SENTENCES, batch_size=4)  # two batches, sorted by length
+    st = SentenceTransformer(str(minilm_dir), device="cpu")
+    reference = st.encode(SENTENCES, batch_size=4)
+    assert ours.shape == reference.shape == (8, 384)
     assert float(np.abs(ours - reference).max()) <= 1e-5
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-6)  # Normalize
+    one, one_reference = encoder.encode(SENTENCES[2]), st.encode(SENTENCES[2])  # a string
+    assert one.shape == one_reference.shape == (384,)
+    assert float(np.abs(one - one_reference).max()) <= 1e-5
 
 
 def test_embed_cli_prints_similarity_table(minilm_dir, tmp_path, capsys):

@@ -1,4 +1,8 @@
-"""Twin of ``jaxformer/models/encoder_decoder.py``: the encoder-decoder Transformer in PyTorch."""
+"""Twin of ``jaxformer/models/encoder_decoder.py``: the encoder-decoder Transformer in PyTorch.
+
+The KV cache is the same plain data as jaxformer's, heads-first ``(B, nh, L, hs)`` here, its
+self-attention tensors written in place; ``"index"`` is a Python int.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,12 @@ from torch import nn
 
 from jaxformer import validate
 from jaxformer.config import TransformerConfig
+from jaxformer.generation import checks
 from jaxformer.numerics import sinusoidal_positions
-from torch_ref.nn.attention import MultiHeadAttention
-from torch_ref.nn.layers import FeedForward, TransformerBlock
-from torch_ref.nn.params import init_weights, layer_norm
+from torch_ref.nn.attention import MultiHeadAttention, cache_mask
+from torch_ref.nn.layers import FeedForward, TransformerBlock, split_cache
 from torch_ref.nn.masks import causal_mask, combine_masks, padding_mask
+from torch_ref.nn.params import init_weights, layer_norm
 
 
 class TransformerEmbeddings(nn.Module):
@@ -33,16 +38,18 @@ class TransformerEmbeddings(nn.Module):
         self.scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
         self.dropout = nn.Dropout(config.dropout_rate)
 
-    def forward(self, input_ids, shared_embeddings=None):
+    def forward(self, input_ids, shared_embeddings=None, position_ids=None):
         tokens = self.token_embeddings if self.token_embeddings is not None else shared_embeddings
         if tokens is None:
             raise ValueError("TransformerEmbeddings shares its token table: pass shared_embeddings")
         T = input_ids.shape[1]
         x = tokens(input_ids) * self.scale  # (B, T, C)
+        if position_ids is None:
+            position_ids = torch.arange(T, device=input_ids.device)  # positions 0 .. T-1
         if self.position_embeddings is not None:
-            x = x + self.position_embeddings(torch.arange(T, device=input_ids.device))[None]
+            x = x + self.position_embeddings(position_ids)[None]
         else:
-            x = x + self.position_table[:T].to(x.dtype)[None]  # positions 0 .. T-1
+            x = x + self.position_table[position_ids].to(x.dtype)[None]
         return self.dropout(x)
 
 
@@ -61,16 +68,30 @@ class DecoderLayer(nn.Module):
         self.dropout = nn.Dropout(config.dropout_rate)
         self.pre_norm = config.pre_norm
 
-    def forward(self, x, memory, self_mask=None, cross_mask=None):
+    def forward(self, x, memory, self_mask=None, cross_mask=None, cache=None,
+                cache_index=None):
+        self_cache, cross_cache = (None, None) if cache is None else (cache["self"],
+                                                                      cache["cross"])
+
+        def self_attend(h):
+            return split_cache(self.self_attention(h, mask=self_mask, cache=self_cache,
+                                                   cache_index=cache_index), self_cache)
+
+        def cross_attend(h):
+            return split_cache(self.cross_attention(h, memory, cross_mask, cross_cache),
+                               cross_cache)[0]
+
         if self.pre_norm:
-            x = x + self.dropout(self.self_attention(self.self_attention_norm(x), mask=self_mask))
-            x = x + self.dropout(self.cross_attention(self.cross_attention_norm(x), memory,
-                                                      cross_mask))
-            return x + self.dropout(self.feed_forward(self.ffn_norm(x)))
-        x = self.self_attention_norm(x + self.dropout(self.self_attention(x, mask=self_mask)))
-        x = self.cross_attention_norm(x + self.dropout(self.cross_attention(x, memory,
-                                                                            cross_mask)))
-        return self.ffn_norm(x + self.dropout(self.feed_forward(x)))
+            h, self_cache = self_attend(self.self_attention_norm(x))
+            x = x + self.dropout(h)
+            x = x + self.dropout(cross_attend(self.cross_attention_norm(x)))
+            x = x + self.dropout(self.feed_forward(self.ffn_norm(x)))
+        else:
+            h, self_cache = self_attend(x)
+            x = self.self_attention_norm(x + self.dropout(h))
+            x = self.cross_attention_norm(x + self.dropout(cross_attend(x)))
+            x = self.ffn_norm(x + self.dropout(self.feed_forward(x)))
+        return x if cache is None else (x, {"self": self_cache, "cross": cross_cache})
 
 
 class Encoder(nn.Module):
@@ -95,12 +116,19 @@ class Decoder(nn.Module):
                                      for _ in range(config.num_decoder_layers)])
         self.final_norm = layer_norm(config) if config.final_layer_norm else None
 
-    def forward(self, hidden_states, memory, self_mask=None, cross_mask=None):
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, memory, self_mask, cross_mask)
+    def forward(self, hidden_states, memory, self_mask=None, cross_mask=None, cache=None,
+                cache_index=None):
+        new_cache = []
+        for n, layer in enumerate(self.layers):
+            if cache is None:
+                hidden_states = layer(hidden_states, memory, self_mask, cross_mask)
+            else:
+                hidden_states, layer_cache = layer(hidden_states, memory, self_mask, cross_mask,
+                                                   cache[n], cache_index)
+                new_cache.append(layer_cache)
         if self.final_norm is not None:
             hidden_states = self.final_norm(hidden_states)
-        return hidden_states
+        return hidden_states if cache is None else (hidden_states, new_cache)
 
 
 class Transformer(nn.Module):
@@ -125,18 +153,52 @@ class Transformer(nn.Module):
         x = self.src_embeddings(src_ids, self.shared_embeddings)
         return self.encoder(x, padding_mask(src_mask))  # mask (B, 1, 1, S)
 
-    def decode(self, tgt_ids, memory, src_mask=None, tgt_mask=None):
+    def init_cache(self, memory, max_length: int, src_mask=None) -> dict:
+        B, S, _ = memory.shape
+        shape = (B, self.config.num_heads, max_length, self.config.head_dim)
+        layers = [{"self": {"key": memory.new_zeros(shape), "value": memory.new_zeros(shape)},
+                   "cross": layer.cross_attention.key_value(memory)}
+                  for layer in self.decoder.layers]
+        source_mask = (torch.ones(B, S, dtype=torch.bool, device=memory.device)
+                       if src_mask is None else torch.as_tensor(src_mask, device=memory.device) > 0)
+        return {"layers": layers,
+                "mask": torch.zeros(B, max_length, dtype=torch.bool, device=memory.device),
+                "index": 0, "source_mask": source_mask}
+
+    def decode(self, tgt_ids, memory, src_mask=None, tgt_mask=None, cache=None):
         cfg = self.config
         validate.check_target(cfg, tgt_ids, tgt_mask)
-        validate.check_memory(memory, tgt_ids, src_mask, cfg.hidden_size)
         if tgt_mask is None:
             tgt_mask = tgt_ids != cfg.tgt_pad_id
+        if cache is not None:
+            return self._cached_decode(tgt_ids, memory, src_mask, tgt_mask, cache)
+        validate.check_memory(memory, tgt_ids, src_mask, cfg.hidden_size)
         T = tgt_ids.shape[1]
         self_mask = combine_masks(causal_mask(T, device=tgt_ids.device),
                                   padding_mask(tgt_mask))  # (B, 1, T, T)
         cross_mask = None if src_mask is None else padding_mask(src_mask)  # (B, 1, 1, S)
         y = self.tgt_embeddings(tgt_ids, self.shared_embeddings)
-        hidden_states = self.decoder(y, memory, self_mask, cross_mask)  # (B, T, C)
+        return self._logits(self.decoder(y, memory, self_mask, cross_mask))  # (B, T, V)
+
+    def _cached_decode(self, tgt_ids, memory, src_mask, tgt_mask, cache):
+        if memory is not None or src_mask is not None:
+            raise ValueError("decode with a cache reads the memory's keys and values and the "
+                             "source mask from the cache: pass memory=None, src_mask=None")
+        T, index = tgt_ids.shape[1], cache["index"]
+        checks.check_cache_call("tgt_ids", tgt_ids, *cache["mask"].shape, index)
+        valid = cache["mask"].clone()
+        valid[:, index:index + T] = torch.as_tensor(tgt_mask, device=tgt_ids.device).bool()
+        self_mask = cache_mask(valid, index, T)  # (B, 1, T, L)
+        cross_mask = padding_mask(cache["source_mask"])  # (B, 1, 1, S)
+        positions = index + torch.arange(T, device=tgt_ids.device)
+        y = self.tgt_embeddings(tgt_ids, self.shared_embeddings, positions)
+        hidden_states, layers = self.decoder(y, None, self_mask, cross_mask, cache["layers"],
+                                             index)
+        cache = {"layers": layers, "mask": valid, "index": index + T,
+                 "source_mask": cache["source_mask"]}
+        return self._logits(hidden_states), cache
+
+    def _logits(self, hidden_states):
         if self.output_projection is not None:
             return self.output_projection(hidden_states)
         tokens = (self.shared_embeddings if self.shared_embeddings is not None

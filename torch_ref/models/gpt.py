@@ -1,7 +1,9 @@
 """Twin of ``jaxformer/models/gpt.py``: GPT in PyTorch, same classes, attributes and arguments.
 
-See ``jaxformer/models/gpt.py`` for the masks (``[batch, seq]`` only; the causal mask is built inside,
-a 4-D mask is refused) and the position ids (``cumsum(mask) - 1`` at real tokens, 0 at padding).
+See ``jaxformer/models/gpt.py`` for the masks (``[batch, seq]`` only; the causal mask is built
+inside, a 4-D mask is refused), the position ids (``cumsum(mask) - 1`` at real tokens, 0 at
+padding) and the KV cache. Here the cache's ``"key"``/``"value"`` are heads-first, ``(B, nh, L,
+hs)``, and written in place; ``"index"`` is a Python int.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from torch import nn
 
 from jaxformer import validate
 from jaxformer.config import GPTConfig
+from jaxformer.generation import checks
+from torch_ref.nn.attention import cache_mask
 from torch_ref.nn.layers import TransformerBlock
-from torch_ref.nn.params import init_weights, layer_norm
 from torch_ref.nn.masks import causal_mask, combine_masks, padding_mask
+from torch_ref.nn.params import init_weights, layer_norm
 
 
 def position_ids_from_mask(attention_mask) -> torch.Tensor:
@@ -58,9 +62,21 @@ class GPT(nn.Module):
                         nn.Linear(config.hidden_size, config.vocab_size, bias=False))
         self.apply(partial(init_weights, std=config.initializer_range))
 
-    def hidden_states(self, input_ids, attention_mask=None):
+    def init_cache(self, batch_size: int, max_length: int) -> dict:
+        weight = self.embeddings.word_embeddings.weight
+        shape = (batch_size, self.config.num_heads, max_length, self.config.head_dim)
+        zeros = partial(torch.zeros, dtype=weight.dtype, device=weight.device)
+        return {"layers": [{"key": zeros(shape), "value": zeros(shape)} for _ in self.blocks],
+                "mask": torch.zeros(batch_size, max_length, dtype=torch.bool,
+                                    device=weight.device),
+                "index": 0,
+                "positions": torch.zeros(batch_size, dtype=torch.long, device=weight.device)}
+
+    def hidden_states(self, input_ids, attention_mask=None, cache=None):
         validate.check_gpt_inputs(self.config, input_ids, attention_mask)
         T = input_ids.shape[1]
+        if cache is not None:
+            return self._cached_hidden_states(input_ids, attention_mask, cache)
         if attention_mask is None:
             position_ids = torch.arange(T, device=input_ids.device)[None]  # (1, T)
         else:
@@ -70,14 +86,39 @@ class GPT(nn.Module):
         x = self.embeddings(input_ids, position_ids)
         for block in self.blocks:
             x = block(x, mask)
-        if self.final_layer_norm is not None:
-            x = self.final_layer_norm(x)
-        return x
+        return self._final_norm(x)
+
+    def _cached_hidden_states(self, input_ids, attention_mask, cache):
+        (B, T), index = input_ids.shape, cache["index"]
+        checks.check_cache_call("input_ids", input_ids, *cache["mask"].shape, index)
+        new = (torch.ones(B, T, dtype=torch.bool, device=input_ids.device)
+               if attention_mask is None
+               else torch.as_tensor(attention_mask, device=input_ids.device).bool())
+        counts = torch.cumsum(new.long(), dim=-1)
+        position_ids = torch.where(new, cache["positions"][:, None] + counts - 1,
+                                   torch.zeros_like(counts))  # (B, T)
+        valid = cache["mask"].clone()
+        valid[:, index:index + T] = new  # (B, L)
+        mask = cache_mask(valid, index, T)  # (B, 1, T, L)
+        x = self.embeddings(input_ids, position_ids)
+        layers = []
+        for block, layer_cache in zip(self.blocks, cache["layers"]):
+            x, layer_cache = block(x, mask, layer_cache, index)
+            layers.append(layer_cache)
+        cache = {"layers": layers, "mask": valid, "index": index + T,
+                 "positions": cache["positions"] + counts[:, -1]}
+        return self._final_norm(x), cache
+
+    def _final_norm(self, x):
+        return x if self.final_layer_norm is None else self.final_layer_norm(x)
 
     def logits(self, hidden_states):
         if self.lm_head is None:
             return F.linear(hidden_states, self.embeddings.word_embeddings.weight)
         return self.lm_head(hidden_states)
 
-    def forward(self, input_ids, attention_mask=None):
-        return self.logits(self.hidden_states(input_ids, attention_mask))
+    def forward(self, input_ids, attention_mask=None, cache=None):
+        if cache is None:
+            return self.logits(self.hidden_states(input_ids, attention_mask))
+        hidden, cache = self.hidden_states(input_ids, attention_mask, cache)
+        return self.logits(hidden), cache

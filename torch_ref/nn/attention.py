@@ -56,7 +56,19 @@ def attention(q, k, v, mask=None, dropout: nn.Dropout | None = None,
     return IMPLEMENTATIONS[implementation](q, k, v, mask, active)
 
 
+def cache_mask(valid, cache_index, q_len: int) -> torch.Tensor:
+    """Twin of jaxformer's: boolean ``(B, 1, T, L)``, causal over cache slots AND ``valid``."""
+    slots = torch.arange(valid.shape[1], device=valid.device)
+    queries = cache_index + torch.arange(q_len, device=valid.device)
+    causal = slots[None, :] <= queries[:, None]  # (T, L)
+    return torch.logical_and(causal[None, None], valid[:, None, None, :])
+
+
 class MultiHeadAttention(nn.Module):
+    """Twin of jaxformer's, cache included. The cache is heads-first here, ``{"key": (B, nh, L,
+    hs), "value": (B, nh, L, hs)}``, and a self-attention call writes its slots into those
+    tensors in place (torch's idiom; jaxformer returns new arrays) before returning them."""
+
     def __init__(self, config):
         super().__init__()
         C = config.hidden_size
@@ -69,12 +81,28 @@ class MultiHeadAttention(nn.Module):
         self.attention_dropout = nn.Dropout(config.attention_dropout_rate)
         self.implementation = config.attention_implementation
 
-    def forward(self, hidden_states, context=None, mask=None):
-        context = hidden_states if context is None else context
+    def key_value(self, context) -> dict:
+        """``(B, S, C)`` -> ``{"key", "value"}``, each ``(B, nh, S, hs)``."""
+        B, S, _ = context.shape
+        return {"key": self.key(context).view(B, S, self.num_heads, self.head_dim).transpose(1, 2),
+                "value": self.value(context).view(B, S, self.num_heads,
+                                                  self.head_dim).transpose(1, 2)}
+
+    def forward(self, hidden_states, context=None, mask=None, cache=None, cache_index=None):
         B, T, C = hidden_states.shape
-        S = context.shape[1]
         q = self.query(hidden_states).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.key(context).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-        v = self.value(context).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-        y = attention(q, k, v, mask, self.attention_dropout, self.implementation)  # (B, nh, T, hs)
-        return self.output(y.transpose(1, 2).reshape(B, T, C))
+        if cache is not None and cache_index is None:  # cross-attention, keys/values cached
+            if context is not None:
+                raise ValueError("cross-attention with a cache reads the context's keys and "
+                                 "values from it: pass context=None")
+            kv = cache
+        else:
+            kv = self.key_value(hidden_states if context is None else context)
+            if cache is not None:  # self-attention: write this call's slots, read all of them
+                for name in ("key", "value"):
+                    cache[name][:, :, cache_index:cache_index + T] = kv[name]
+                kv = cache
+        y = attention(q, kv["key"], kv["value"], mask, self.attention_dropout,
+                      self.implementation)  # (B, nh, T, hs)
+        out = self.output(y.transpose(1, 2).reshape(B, T, C))
+        return out if cache is None else (out, kv)

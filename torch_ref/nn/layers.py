@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import torch
+import functools
+
 import torch.nn.functional as F
 from torch import nn
 
@@ -37,9 +38,20 @@ class TransformerBlock(nn.Module):
         self.dropout = nn.Dropout(config.dropout_rate)
         self.pre_norm = config.pre_norm
 
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None, cache=None, cache_index=None):
+        attend = functools.partial(self.attention, mask=mask, cache=cache,
+                                   cache_index=cache_index)
         if self.pre_norm:
-            x = x + self.dropout(self.attention(self.attention_norm(x), mask=mask))
-            return x + self.dropout(self.feed_forward(self.ffn_norm(x)))
-        x = self.attention_norm(x + self.dropout(self.attention(x, mask=mask)))
-        return self.ffn_norm(x + self.dropout(self.feed_forward(x)))
+            h, cache = split_cache(attend(self.attention_norm(x)), cache)
+            x = x + self.dropout(h)
+            x = x + self.dropout(self.feed_forward(self.ffn_norm(x)))
+        else:
+            h, cache = split_cache(attend(x), cache)
+            x = self.attention_norm(x + self.dropout(h))
+            x = self.ffn_norm(x + self.dropout(self.feed_forward(x)))
+        return x if cache is None else (x, cache)
+
+
+def split_cache(result, cache):
+    """An attention call's result -> ``(output, cache)``: it returned a pair when given a cache."""
+    return result if cache is not None else (result, None)

@@ -1,0 +1,17 @@
+"""Generation with a KV cache: greedy, sampling and beam search. Twin: ``torch_ref.generation``.
+
+``generate`` and ``stream`` are loaded on first use (the models import ``checks``, the
+framework-free part, and ``decoding`` imports the models).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["generate", "stream"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        return getattr(importlib.import_module("jaxformer.generation.decoding"), name)
+    raise AttributeError(f"module 'jaxformer.generation' has no attribute {name!r}")

@@ -1,0 +1,253 @@
+"""The framework-free part of generation (numpy and the standard library only).
+
+``jaxformer.generation`` and its twin ``torch_ref.generation`` both read this module, so they
+refuse the same arguments with the same messages and compute from the same tables:
+
+- :func:`check_generate` validates ``generate``'s keyword arguments and splits them into the
+  :class:`Options` that shape the program (static under ``jit``) and the :class:`Values` that
+  do not (traced, so changing them does not recompile);
+- :func:`check_prompt` validates the prompt and its mask;
+- :func:`check_cache_call` validates a model call with a KV cache;
+- :func:`uniforms` is the reference of the counter-based random numbers both twins draw for
+  sampling (a seeded run gives the same tokens in both frameworks).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from jaxformer import validate
+
+EARLY_STOPPING = (False, True, "never")
+
+
+@dataclass(frozen=True)
+class Options:
+    """What shapes the decoding program; hashable, a static argument of the compiled loop."""
+
+    max_new_tokens: int
+    do_sample: bool
+    num_beams: int
+    top_k: int  # 0: off; else already max(top_k, min_tokens_to_keep)
+    use_temperature: bool  # HF applies the temperature only when it is not 1.0
+    use_top_p: bool  # ... and top-p only below 1.0
+    min_tokens_to_keep: int
+    early_stopping: bool | str
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+    stream: bool = False
+
+    @property
+    def beams_to_keep(self) -> int:
+        """Candidates kept per step (Hugging Face): enough that ``num_beams`` of them are not
+        finished even when every eos token is among the best."""
+        return max(2, 1 + len(self.eos_token_ids)) * self.num_beams
+
+
+@dataclass(frozen=True)
+class Values:
+    """The numbers that do not change the program (traced: no recompilation)."""
+
+    temperature: np.float32
+    top_p_threshold: np.float32  # 1 - top_p, computed in float64 then rounded, as torch does
+    length_penalty: np.ndarray  # [max_new_tokens + 1] float32: n ** length_penalty
+    best_length_penalty: np.ndarray  # the early-stopping heuristic's divisor per step
+    seed: np.uint32
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _token_ids(name: str, ids, vocab_size: int) -> tuple[int, ...]:
+    if ids is None:
+        return ()
+    ids = (ids,) if _is_int(ids) else tuple(ids)
+    if not ids or not all(_is_int(i) for i in ids):
+        raise ValueError(f"{name} must be a token id or a non-empty list of them, got {ids!r}")
+    for i in ids:
+        if not 0 <= i < vocab_size:
+            raise ValueError(f"{name} ({i}) is outside the vocabulary [0, {vocab_size})")
+    return tuple(int(i) for i in ids)
+
+
+def check_generate(*, vocab_size: int, max_new_tokens, do_sample=False, temperature=1.0,
+                   top_k=0, top_p=1.0, num_beams=1, length_penalty=1.0, early_stopping=False,
+                   eos_token_id=None, pad_token_id=None, seed=0,
+                   stream: bool = False) -> tuple[Options, Values]:
+    """Validate ``generate``'s keyword arguments; raise ``ValueError`` naming the bad one."""
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if not isinstance(do_sample, bool):
+        raise ValueError(f"do_sample must be True or False, got {do_sample!r}")
+    if not _is_int(num_beams) or num_beams < 1:
+        raise ValueError(f"num_beams must be an integer >= 1, got {num_beams!r}")
+    if not _is_int(top_k) or top_k < 0:
+        raise ValueError(f"top_k must be an integer >= 0 (0 turns it off), got {top_k!r}")
+    if not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must lie in (0, 1], got {top_p!r}")
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature):
+        raise ValueError(f"temperature must be a finite number, got {temperature!r}")
+    if do_sample and temperature <= 0:
+        raise ValueError(f"temperature must be > 0 when sampling, got {temperature!r}; "
+                         f"for the most likely tokens use do_sample=False (greedy)")
+    if not isinstance(length_penalty, (int, float)) or not math.isfinite(length_penalty):
+        raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
+    if not (isinstance(early_stopping, bool) or early_stopping == "never"):
+        raise ValueError(f"early_stopping must be False, True or 'never', got "
+                         f"{early_stopping!r}")
+    if not _is_int(seed):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    eos = _token_ids("eos_token_id", eos_token_id, vocab_size)
+    if pad_token_id is not None:
+        _token_ids("pad_token_id", pad_token_id, vocab_size)
+        if not _is_int(pad_token_id):
+            raise ValueError(f"pad_token_id must be one token id, got {pad_token_id!r}")
+    if stream and num_beams > 1:
+        raise ValueError("streaming needs num_beams=1: beam search reorders its hypotheses, so "
+                         "no token is final before the end")
+    # Hugging Face pads finished rows with eos when no pad token is given.
+    pad = int(pad_token_id) if pad_token_id is not None else (eos[0] if eos else 0)
+    # Beam methods keep one more token than there are eos tokens, and at least 2 (Hugging Face).
+    min_keep = max(2, len(eos) + 1) if num_beams > 1 else 1
+    options = Options(
+        max_new_tokens=int(max_new_tokens), do_sample=do_sample, num_beams=int(num_beams),
+        top_k=min(max(int(top_k), min_keep), vocab_size) if do_sample and top_k else 0,
+        use_temperature=do_sample and temperature != 1.0,
+        use_top_p=do_sample and top_p < 1.0, min_tokens_to_keep=min_keep,
+        early_stopping=early_stopping, eos_token_ids=eos, pad_token_id=pad, stream=stream)
+    n = np.arange(max_new_tokens + 1, dtype=np.float64)
+    with np.errstate(divide="ignore"):  # n = 0 is never used
+        table = n ** float(length_penalty)
+    best = table.copy()
+    if early_stopping == "never" and length_penalty > 0:
+        best[:] = float(max_new_tokens) ** float(length_penalty)
+    values = Values(temperature=np.float32(temperature),
+                    top_p_threshold=np.float32(1.0 - float(top_p)),
+                    length_penalty=table.astype(np.float32),
+                    best_length_penalty=best.astype(np.float32),
+                    seed=np.uint32(int(seed) % 2**32))
+    return options, values
+
+
+def check_prompt(input_ids, attention_mask, *, vocab_size: int, max_positions: int,
+                 max_new_tokens: int, name: str = "input_ids", mask_name: str = "attention_mask",
+                 prefix: int = 0) -> None:
+    """The prompt ``[batch, seq]``: not empty, ids in the vocabulary, a 0/1 mask with at least
+    one real token per row, and room in the position table for ``prefix + seq +
+    max_new_tokens`` positions (``prefix`` = 0 for GPT; the encoder-decoder checks its
+    target, 1 start token, separately)."""
+    validate.check_rank(name, input_ids, 2)
+    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(input_ids.shape)}): generation needs "
+                         f"at least one prompt token per row")
+    validate.check_ids(name, input_ids, vocab_size)
+    validate.check_attention_mask(mask_name, attention_mask, name, input_ids)
+    if attention_mask is not None:
+        real = validate.host_values(attention_mask).astype(bool).sum(axis=1)
+        if (real == 0).any():
+            rows = np.flatnonzero(real == 0).tolist()
+            raise ValueError(f"{mask_name} row(s) {rows} hold only padding: each prompt needs at "
+                             f"least one real token")
+    total = prefix + input_ids.shape[1] + max_new_tokens
+    if total > max_positions:
+        raise ValueError(f"{name} has length {input_ids.shape[1]}; with max_new_tokens="
+                         f"{max_new_tokens} the sequence would reach {total} tokens, more than "
+                         f"the position table holds (max_position_embeddings={max_positions})")
+
+
+def check_target_room(max_new_tokens: int, max_positions: int) -> None:
+    """The encoder-decoder's target: the start token and ``max_new_tokens`` more."""
+    if 1 + max_new_tokens > max_positions:
+        raise ValueError(f"max_new_tokens={max_new_tokens} plus the decoder start token needs "
+                         f"{1 + max_new_tokens} target positions, more than the position table "
+                         f"holds (max_position_embeddings={max_positions})")
+
+
+def check_cache_call(name: str, input_ids, cache_batch: int, cache_length: int,
+                     cache_index) -> None:
+    """A model call with a cache: the batch fits the cache, and (when the index is concrete)
+    the new tokens fit in the slots left."""
+    if input_ids.shape[0] != cache_batch:
+        raise ValueError(f"{name} has batch size {input_ids.shape[0]} but the cache was made "
+                         f"for {cache_batch}")
+    index = validate.host_values(cache_index)
+    if index is not None and int(index) + input_ids.shape[1] > cache_length:
+        raise ValueError(f"the cache holds {cache_length} slots, {int(index)} used: no room "
+                         f"for {input_ids.shape[1]} more tokens")
+
+
+GENERATE_ARGUMENTS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p",
+                      "num_beams", "length_penalty", "early_stopping", "eos_token_id",
+                      "pad_token_id", "seed")
+
+
+def check_arguments(config, decoder_only: bool, input_ids, attention_mask,
+                    args: dict) -> tuple[Options, Values]:
+    """Everything ``generate`` checks before running, in both twins: the keyword arguments
+    (``args`` holds ``GENERATE_ARGUMENTS``, ``decoder_start_token_id`` and ``streamer``), then
+    the prompt (GPT) or the source and the target's room (encoder-decoder)."""
+    vocab = config.vocab_size if decoder_only else config.tgt_vocab_size
+    options, values = check_generate(vocab_size=vocab, stream=args["streamer"] is not None,
+                                     **{name: args[name] for name in GENERATE_ARGUMENTS})
+    start = args["decoder_start_token_id"]
+    if decoder_only:
+        if start is not None:
+            raise ValueError("decoder_start_token_id is for encoder-decoder models; a GPT "
+                             "continues its prompt")
+        check_prompt(input_ids, attention_mask, vocab_size=vocab,
+                     max_positions=config.max_position_embeddings,
+                     max_new_tokens=options.max_new_tokens)
+        return options, values
+    if start is None:
+        raise ValueError("an encoder-decoder model needs decoder_start_token_id, the first "
+                         "target token (the model has no default)")
+    if not _is_int(start):
+        raise ValueError(f"decoder_start_token_id must be one token id, got {start!r}")
+    _token_ids("decoder_start_token_id", start, vocab)
+    check_prompt(input_ids, attention_mask, vocab_size=config.src_vocab_size,
+                 max_positions=config.max_position_embeddings, max_new_tokens=0)
+    if attention_mask is None:  # the models build the source mask from src_pad_id
+        real = validate.host_values(input_ids) != config.src_pad_id
+        if not real.any(axis=1).all():
+            rows = np.flatnonzero(~real.any(axis=1)).tolist()
+            raise ValueError(f"input_ids row(s) {rows} hold only src_pad_id "
+                             f"({config.src_pad_id}): each source needs a real token")
+    check_target_room(options.max_new_tokens, config.max_position_embeddings)
+    return options, values
+
+
+# --------------------------------------------------------------------------- random numbers
+# Counter-based uniforms: u[row, col] at decoding step `step` is a hash of (seed, step, row, col),
+# murmur3's 32-bit finaliser applied in a chain. Both twins compute it with integer arithmetic, so
+# a seeded run draws bit-identical uniforms in JAX and in torch; the sampler turns them into
+# Gumbel noise. Float32 keeps 24 bits: u = (bits >> 8 + 0.5) / 2^24 lies strictly in (0, 1).
+
+GOLDEN = 0x9E3779B9
+MIX1 = 0x85EBCA6B
+MIX2 = 0xC2B2AE35
+MASK32 = 0xFFFFFFFF
+
+
+def fmix32(h: np.ndarray) -> np.ndarray:
+    h = np.asarray(h, dtype=np.uint64) & MASK32
+    h ^= h >> 16
+    h = (h * MIX1) & MASK32
+    h ^= h >> 13
+    h = (h * MIX2) & MASK32
+    h ^= h >> 16
+    return h
+
+
+def uniforms(seed: int, step: int, rows: int, cols: int) -> np.ndarray:
+    """The reference: ``[rows, cols]`` float32 uniforms in (0, 1) for one decoding step."""
+    state = fmix32(fmix32(fmix32(np.uint64(seed % 2**32) ^ GOLDEN) ^ np.uint64(step))
+                   ^ np.arange(rows, dtype=np.uint64))
+    bits = fmix32(state[:, None] ^ ((np.arange(cols, dtype=np.uint64) * GOLDEN) & MASK32))
+    return (((bits >> 8).astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-24))

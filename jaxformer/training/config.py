@@ -1,0 +1,181 @@
+"""Training hyper-parameters: one frozen ``TrainConfig`` that both frameworks read (stdlib only).
+
+``torch_ref.training`` imports this module, as it imports ``jaxformer.config``, so a JAX run and
+its torch twin can never be configured differently. Every default on which optax and torch differ
+is a field here and is passed explicitly to both (AdamW's betas, eps and weight decay; the
+clipping threshold; label smoothing; the ignore index of the losses).
+
+Also here, because both sides and the loop need them without a framework: the families that can
+be trained (:data:`FAMILIES`), their model configs by preset (:func:`model_config`), and the run
+identity a checkpoint records so that ``--resume`` refuses a run of another family or config
+(:func:`run_identity`, :func:`identity_differences`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from jaxformer.config import BertConfig, GPTConfig, TransformerConfig
+
+IGNORE_INDEX = -100  # label value that contributes nothing to a loss, as in torch
+SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant")
+
+# family -> (model config class, the model each framework trains)
+FAMILIES = {
+    "bert": BertConfig,  # BertForPreTraining: masked LM + next sentence
+    "gpt": GPTConfig,  # GPT: causal LM
+    "transformer": TransformerConfig,  # Transformer: sequence to sequence, label smoothing
+    "classifier": BertConfig,  # BertForSequenceClassification
+}
+PRESET_ALIASES = {"base": {"gpt": "gpt2"}}  # `--preset base` reads GPT-2 small for gpt
+
+
+class TrainConfigError(ValueError):
+    """A hyper-parameter that cannot train: names the field, its value and what is allowed."""
+
+
+_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters of one run. ``batch_size`` counts the examples of one optimizer update;
+    with ``accumulation_steps`` > 1 it is split into that many micro-batches of
+    :attr:`micro_batch_size` whose gradients are averaged before the update.
+
+    The schedule (``docs/training.md`` has the formulas): update ``n`` (0-based) uses
+    ``learning_rate * (n + 1) / warmup_steps`` while ``n < warmup_steps``, then decays from
+    ``learning_rate`` to ``min_learning_rate`` at the last update (``linear``, ``cosine``) or stays
+    (``constant``); ``inverse_sqrt`` is the paper's ``min((n+1)/warmup, sqrt(warmup/(n+1)))``
+    scaled to peak at ``learning_rate``. ``clip_norm`` 0 turns clipping off.
+    """
+
+    steps: int = 1000
+    batch_size: int = 8
+    accumulation_steps: int = 1
+    seq_len: int = 64
+    learning_rate: float = 1e-3
+    min_learning_rate: float = 0.0
+    warmup_steps: int = 0
+    schedule: str = "linear"
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01  # torch.optim.AdamW's default; optax.adamw's is 1e-4
+    decay_embeddings: bool = True  # False: embedding tables join biases and LayerNorm (no decay)
+    clip_norm: float = 1.0
+    label_smoothing: float = 0.0  # seq2seq loss; the paper uses 0.1
+    mlm_probability: float = 0.15
+    seed: int = 0
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            allowed = _TYPES[str(field.type)]
+            if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
+                raise TrainConfigError(f"TrainConfig: {field.name} must be {field.type}, got "
+                                       f"{type(value).__name__} {value!r}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise TrainConfigError(f"TrainConfig: {field.name} must be finite, got {value}")
+        checks = [
+            (self.steps >= 1, "steps", "must be at least 1"),
+            (self.batch_size >= 1, "batch_size", "must be at least 1"),
+            (self.accumulation_steps >= 1, "accumulation_steps", "must be at least 1"),
+            (self.batch_size % self.accumulation_steps == 0, "batch_size",
+             f"must be divisible by accumulation_steps ({self.accumulation_steps})"),
+            (self.seq_len >= 2, "seq_len", "must be at least 2"),
+            (self.learning_rate > 0, "learning_rate", "must be positive"),
+            (0 <= self.min_learning_rate <= self.learning_rate, "min_learning_rate",
+             f"must lie in [0, learning_rate={self.learning_rate}]"),
+            (self.warmup_steps >= 0, "warmup_steps", "must not be negative"),
+            (self.warmup_steps <= self.steps, "warmup_steps",
+             f"is longer than the run (steps={self.steps})"),
+            (self.schedule in SCHEDULES, "schedule", f"must be one of {SCHEDULES}"),
+            (self.schedule != "inverse_sqrt" or self.warmup_steps >= 1, "warmup_steps",
+             "must be at least 1 for the inverse_sqrt schedule"),
+            (0 <= self.beta1 < 1, "beta1", "must lie in [0, 1)"),
+            (0 <= self.beta2 < 1, "beta2", "must lie in [0, 1)"),
+            (self.eps > 0, "eps", "must be positive"),
+            (self.weight_decay >= 0, "weight_decay", "must not be negative"),
+            (self.clip_norm >= 0, "clip_norm", "must not be negative (0 turns clipping off)"),
+            (0 <= self.label_smoothing < 1, "label_smoothing", "must lie in [0, 1)"),
+            (0 < self.mlm_probability < 1, "mlm_probability", "must lie in (0, 1)"),
+        ]
+        for ok, field, rule in checks:
+            if not ok:
+                raise TrainConfigError(f"TrainConfig: {field} {rule}, got {getattr(self, field)!r}")
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.batch_size // self.accumulation_steps
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def preset_names(family: str) -> list[str]:
+    """The presets (classmethods) of ``family``'s model config."""
+    cls = _family_class(family)
+    names = [name for name, attr in vars(cls).items() if isinstance(attr, classmethod)]
+    return sorted(names + [alias for alias, table in PRESET_ALIASES.items() if family in table])
+
+
+def _family_class(family: str):
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose one of {sorted(FAMILIES)}")
+    return FAMILIES[family]
+
+
+def model_config(family: str, preset: str, *, vocab_size: int | None = None,
+                 pad_id: int | None = None, num_labels: int | None = None,
+                 dropout: float | None = None):
+    """``family``'s model config from ``preset``, sized to the tokenizer's vocabulary and pad id,
+    with ``dropout`` (when given) replacing every dropout rate of the preset."""
+    cls = _family_class(family)
+    name = PRESET_ALIASES.get(preset, {}).get(family, preset)
+    if name not in preset_names(family):
+        raise ValueError(f"family {family!r} has no preset {preset!r}; choose one of "
+                         f"{preset_names(family)}")
+    config = getattr(cls, name)()
+    changes = {}
+    if dropout is not None:
+        changes.update(dropout_rate=dropout, attention_dropout_rate=dropout)
+    if vocab_size is not None:
+        if family == "transformer":
+            changes.update(src_vocab_size=vocab_size, tgt_vocab_size=vocab_size)
+        else:
+            changes.update(vocab_size=vocab_size)
+    if pad_id is not None:
+        if family == "transformer":
+            changes.update(src_pad_id=pad_id, tgt_pad_id=pad_id)
+        else:
+            changes.update(pad_token_id=pad_id)
+    if num_labels is not None:
+        changes.update(num_labels=num_labels)
+    return dataclasses.replace(config, **changes)
+
+
+def run_identity(family: str, framework: str, model_cfg, train_cfg: TrainConfig,
+                 data_sha256: str) -> dict:
+    """What a checkpoint must agree with to be resumed: plain JSON data."""
+    return {"family": family, "framework": framework, "data_sha256": data_sha256,
+            "model_config": {"class": type(model_cfg).__name__, **dataclasses.asdict(model_cfg)},
+            "train_config": train_cfg.to_dict()}
+
+
+def identity_differences(saved: dict, current: dict) -> list[str]:
+    """Every field on which two run identities differ, as ``"name: saved X, now Y"``."""
+    out = []
+
+    def walk(a, b, prefix):
+        for key in sorted(set(a) | set(b)):
+            x, y = a.get(key, "<absent>"), b.get(key, "<absent>")
+            if isinstance(x, dict) and isinstance(y, dict):
+                walk(x, y, f"{prefix}{key}.")
+            elif x != y:
+                out.append(f"{prefix}{key}: saved {x!r}, now {y!r}")
+
+    walk(saved, current, "")
+    return out

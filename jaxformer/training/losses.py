@@ -1,0 +1,94 @@
+"""Training losses in JAX, with torch's semantics. Twin: ``torch_ref/training/losses.py``.
+
+Everything is built on :func:`cross_entropy`, which computes what
+``torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=eps)``
+computes with its default mean reduction: the mean, over the targets whose label is not
+``ignore_index``, of ``(1 - eps) * nll + eps * mean_c(-log p_c)``. One deliberate difference:
+when every target is ignored torch returns NaN (0 / 0), here the loss is 0 (and so are its
+gradients), so that a batch without a masked token cannot poison a run.
+``optax.softmax_cross_entropy_with_integer_labels`` knows no ignore index; the masking is written
+once, here.
+
+Labels are checked on the host when concrete (a clear ``ValueError``); under ``jit`` an
+out-of-range label (other than the ignore index) makes the loss NaN instead of reading a wrong
+class, and the training loop stops on a NaN loss.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer.training import data
+from jaxformer.training.config import IGNORE_INDEX, TrainConfig
+
+
+def cross_entropy(logits, labels, *, ignore_index: int = IGNORE_INDEX,
+                  label_smoothing: float = 0.0):
+    """``(..., C)`` logits and ``(...)`` integer labels -> scalar mean loss over real targets."""
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(f"logits have shape {tuple(logits.shape)} but labels have shape "
+                         f"{tuple(labels.shape)}; expected labels of shape "
+                         f"{tuple(logits.shape[:-1])}")
+    num_classes = logits.shape[-1]
+    data.check_labels("labels", labels, num_classes, ignore_index)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    valid = labels != ignore_index
+    out_of_range = valid & ((labels < 0) | (labels >= num_classes))
+    picked = jnp.take_along_axis(log_probs, jnp.where(valid, labels, 0)[..., None], axis=-1)
+    per_target = jnp.where(out_of_range, jnp.nan, -picked[..., 0])
+    if label_smoothing:
+        smooth = -jnp.mean(log_probs, axis=-1)  # cross-entropy against the uniform distribution
+        per_target = (1.0 - label_smoothing) * per_target + label_smoothing * smooth
+    total = jnp.sum(jnp.where(valid, per_target, 0.0))
+    return total / jnp.maximum(jnp.sum(valid), 1)
+
+
+def masked_lm_loss(logits, labels):
+    """``(B, T, V)`` logits, ``(B, T)`` labels: the original id at masked positions, -100 else."""
+    return cross_entropy(logits, labels)
+
+
+def next_sentence_loss(logits, labels):
+    """``(B, 2)`` logits, ``(B,)`` labels: 0 = B follows A, 1 = B is a random sentence."""
+    return cross_entropy(logits, labels)
+
+
+def causal_lm_loss(logits, input_ids, attention_mask=None):
+    """Position ``t`` predicts token ``t + 1``. With a ``[batch, seq]`` mask a prediction counts
+    only when both the token it reads and the token it predicts are real, so neither right nor
+    left padding ever enters the loss."""
+    targets = input_ids[:, 1:]
+    if attention_mask is not None:
+        mask = jnp.asarray(attention_mask).astype(bool)
+        targets = jnp.where(mask[:, :-1] & mask[:, 1:], targets, IGNORE_INDEX)
+    return cross_entropy(logits[:, :-1], targets)
+
+
+def seq2seq_loss(logits, labels, label_smoothing: float = 0.0):
+    """``(B, T, V)`` decoder logits, ``(B, T)`` next-token labels (-100 at padding)."""
+    return cross_entropy(logits, labels, label_smoothing=label_smoothing)
+
+
+def classification_loss(logits, labels):
+    """``(B, num_labels)`` logits, ``(B,)`` class ids."""
+    return cross_entropy(logits, labels)
+
+
+def batch_loss(family: str, model, batch: dict, config: TrainConfig):
+    """The family's training objective on one micro-batch (keys: ``data.BATCH_KEYS[family]``)."""
+    if family == "bert":
+        _, mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"],
+                                          batch["attention_mask"])
+        return (masked_lm_loss(mlm_logits, batch["mlm_labels"])
+                + next_sentence_loss(nsp_logits, batch["nsp_labels"]))
+    if family == "gpt":
+        logits = model(batch["input_ids"], batch["attention_mask"])
+        return causal_lm_loss(logits, batch["input_ids"], batch["attention_mask"])
+    if family == "transformer":
+        logits = model(batch["src_ids"], batch["tgt_ids"], batch["src_mask"], batch["tgt_mask"])
+        return seq2seq_loss(logits, batch["labels"], config.label_smoothing)
+    if family == "classifier":
+        logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        return classification_loss(logits, batch["labels"])
+    raise ValueError(f"unknown family {family!r}; choose one of {sorted(data.BATCH_KEYS)}")

@@ -1,0 +1,149 @@
+"""The train step and the eval step, jitted. Twin: ``torch_ref/training/step.py``.
+
+:class:`TrainStep` splits the model once into its graph, its parameters and the rest of its
+state (the dropout RNG keys and counters of the model's ``nnx.Rngs``), and compiles one pure
+function for a whole update: forward and backward over each micro-batch (a ``lax.scan`` when
+gradients are accumulated), the mean of the micro-batch gradients, clipping, AdamW. The buffers of
+the parameters, the optimizer state and the RNG state are donated to the call that replaces them.
+The RNG state goes in and comes back out of every call, so each step draws fresh dropout masks
+and a run is reproducible from its seed alone (and, restored from a checkpoint, from there).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxformer.models.bert import BertForPreTraining, BertForSequenceClassification
+from jaxformer.models.encoder_decoder import Transformer
+from jaxformer.models.gpt import GPT
+from jaxformer.training import data, losses
+from jaxformer.training.config import TrainConfig
+from jaxformer.training.optim import clip_by_global_norm, learning_rate, make_optimizer
+
+MODELS = {"bert": BertForPreTraining, "gpt": GPT, "transformer": Transformer,
+          "classifier": BertForSequenceClassification}
+
+
+def build_model(family: str, model_config, seed: int) -> nnx.Module:
+    """The model ``family`` trains, initialised from ``seed`` (weights and dropout keys)."""
+    graphdef, initialize = _initializer(family, model_config)
+    return nnx.merge(graphdef, initialize(np.uint32(seed)))
+
+
+@functools.lru_cache(maxsize=8)
+def _initializer(family: str, model_config):
+    """One compiled initialiser per model (any seed), instead of one eager dispatch per
+    parameter or one compilation per call."""
+    if family not in MODELS:
+        raise ValueError(f"unknown family {family!r}; choose one of {sorted(MODELS)}")
+
+    def make(seed):  # nnx.Rngs(seed) does this with a Python int; here the seed is traced
+        return MODELS[family](model_config, rngs=nnx.Rngs(jax.random.key(seed)))
+
+    return nnx.graphdef(nnx.eval_shape(lambda: make(0))), jax.jit(lambda s: nnx.state(make(s)))
+
+
+def tokens_in(batch: dict) -> int:
+    """Token positions a batch feeds the model (padding included)."""
+    keys = ("src_ids", "tgt_ids") if "src_ids" in batch else ("input_ids",)
+    return int(sum(np.size(batch[k]) for k in keys))
+
+
+class TrainStep:
+    """``step(batch) -> {"loss", "grad_norm", "learning_rate"}`` for one optimizer update.
+
+    ``batch`` holds the ``accumulation_steps`` micro-batches of the update stacked on a leading
+    axis (``data.Dataset.update_batch``); ``evaluate(micro_batch)`` is the loss in eval mode.
+    The step owns the state: :meth:`sync` writes it back into ``model`` and returns the model.
+    """
+
+    def __init__(self, family: str, model: nnx.Module, config: TrainConfig):
+        self.family, self.config, self.model = family, config, model
+        self.model_config = model.config
+        model.eval()
+        eval_graphdef = nnx.graphdef(model)
+        model.train()
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        # Own copies: the donated buffers must not be the ones the module still holds.
+        self._params, self._rest = _copy(params), _copy(rest)
+        self._tx = make_optimizer(config, self._params)
+        self._opt_state = self._tx.init(self._params)
+        self.step = 0
+        self._train = jax.jit(_train_fn(family, graphdef, self._tx, config),
+                              donate_argnums=(0, 1, 2))
+        self._eval = jax.jit(_eval_fn(family, eval_graphdef, config))
+
+    def __call__(self, batch: dict) -> dict[str, float]:
+        data.check_batch(self.family, batch, self.model_config)
+        self._params, self._opt_state, self._rest, metrics = self._train(
+            self._params, self._opt_state, self._rest, batch, np.int32(self.step))
+        self.step += 1
+        return {key: float(value) for key, value in metrics.items()}
+
+    def evaluate(self, batch: dict) -> float:
+        data.check_batch(self.family, batch, self.model_config)
+        return float(self._eval(self._params, self._rest, batch))
+
+    def state_dict(self) -> dict:
+        """Everything a checkpoint needs: parameters, optimizer state, RNG state, step."""
+        return {"params": self._params, "opt_state": self._opt_state, "rest": self._rest,
+                "step": jnp.asarray(self.step, jnp.int32)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._params, self._opt_state = state["params"], state["opt_state"]
+        self._rest = state["rest"]
+        self.step = int(state["step"])
+
+    def sync(self) -> nnx.Module:
+        """The model with the trained parameters and current RNG state."""
+        nnx.update(self.model, _copy(self._params), _copy(self._rest))
+        return self.model
+
+
+def _copy(tree):
+    """New buffers with the same values (a device copy; nothing to compile)."""
+    return jax.device_put(tree, may_alias=False)
+
+
+def _train_fn(family, graphdef, tx, config: TrainConfig):
+    accum = config.accumulation_steps
+
+    def micro_step(carry, micro_batch):
+        params, rest, grad_sum, loss_sum = carry
+
+        def loss_fn(params, rest):
+            # Fresh Variables (copy=True) of this trace, so dropout may advance their RNG counts.
+            model = nnx.merge(graphdef, params, rest, copy=True)
+            loss = losses.batch_loss(family, model, micro_batch, config) / accum
+            return loss, nnx.split(model, nnx.Param, ...)[2]
+
+        (loss, rest), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, rest)
+        return (params, rest, jax.tree.map(jnp.add, grad_sum, grads), loss_sum + loss), None
+
+    def train(params, opt_state, rest, batch, step):
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        init = (params, rest, zeros, jnp.zeros((), jnp.float32))
+        if accum == 1:  # no loop to compile
+            (_, rest, grads, loss), _ = micro_step(init, jax.tree.map(lambda x: x[0], batch))
+        else:
+            (_, rest, grads, loss), _ = jax.lax.scan(micro_step, init, batch)
+        grads, norm = clip_by_global_norm(grads, config.clip_norm)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = {"loss": loss, "grad_norm": norm, "learning_rate": learning_rate(config, step)}
+        return params, opt_state, rest, metrics
+
+    return train
+
+
+def _eval_fn(family, graphdef, config: TrainConfig):
+    def evaluate(params, rest, batch):
+        return losses.batch_loss(family, nnx.merge(graphdef, params, rest), batch, config)
+
+    return evaluate

@@ -1,0 +1,105 @@
+"""Bad arguments to ``generate`` raise a clear error naming the problem, the same in both twins,
+before anything is computed (issue 9, item 6, and a few more)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from jaxformer.generation import generate as jax_generate
+from jaxformer.models import encoder_decoder as jed
+from jaxformer.models import gpt as jgpt
+from parity_tests.generation.common import GPT_PRE_LN, SEQ2SEQ_POST_LN, model_pair
+from torch_ref.generation import generate as torch_generate
+from torch_ref.models import encoder_decoder as ted
+from torch_ref.models import gpt as tgpt
+
+IDS = np.array([[5, 6, 7], [8, 9, 10]])
+MASK = np.array([[1, 1, 1], [0, 1, 1]])
+
+GPT_CASES = {  # name: (generate arguments, expected message)
+    "overruns_position_table": (dict(max_new_tokens=62),
+                                r"reach 65 tokens, more than the position table holds "
+                                r"\(max_position_embeddings=64\)"),
+    "empty_prompt": (dict(input_ids=np.zeros((2, 0), np.int64), attention_mask=None),
+                     r"input_ids is empty \(shape \(2, 0\)\)"),
+    "empty_batch": (dict(input_ids=np.zeros((0, 3), np.int64), attention_mask=None),
+                    r"input_ids is empty"),
+    "row_of_only_padding": (dict(attention_mask=np.array([[1, 1, 1], [0, 0, 0]])),
+                            r"attention_mask row\(s\) \[1\] hold only padding"),
+    "num_beams_0": (dict(num_beams=0), r"num_beams must be an integer >= 1, got 0"),
+    "top_p_0": (dict(do_sample=True, top_p=0.0), r"top_p must lie in \(0, 1\], got 0.0"),
+    "top_p_above_1": (dict(do_sample=True, top_p=1.5), r"top_p must lie in \(0, 1\], got 1.5"),
+    "temperature_0": (dict(do_sample=True, temperature=0.0),
+                      r"temperature must be > 0 when sampling, got 0.0"),
+    "temperature_negative": (dict(do_sample=True, temperature=-1.0),
+                             r"temperature must be > 0 when sampling"),
+    "eos_outside_vocab": (dict(eos_token_id=101),
+                          r"eos_token_id \(101\) is outside the vocabulary \[0, 101\)"),
+    "eos_negative_in_list": (dict(eos_token_id=[3, -1]),
+                             r"eos_token_id \(-1\) is outside the vocabulary"),
+    "pad_outside_vocab": (dict(pad_token_id=500), r"pad_token_id \(500\) is outside"),
+    "max_new_tokens_0": (dict(max_new_tokens=0), r"max_new_tokens must be a positive integer"),
+    "top_k_negative": (dict(do_sample=True, top_k=-1), r"top_k must be an integer >= 0"),
+    "early_stopping_word": (dict(num_beams=2, early_stopping="always"),
+                            r"early_stopping must be False, True or 'never'"),
+    "ids_outside_vocab": (dict(input_ids=np.array([[5, 101, 7]]), attention_mask=None),
+                          r"input_ids must lie in \[0, 101\); found 101"),
+    "mask_shape": (dict(attention_mask=np.ones((2, 4), np.int64)),
+                   r"attention_mask has shape \(2, 4\) but input_ids has shape \(2, 3\)"),
+    "start_token_for_gpt": (dict(decoder_start_token_id=1),
+                            r"decoder_start_token_id is for encoder-decoder models"),
+    "streaming_beams": (dict(num_beams=2, streamer=print), r"streaming needs num_beams=1"),
+}
+
+
+def call(generate, model, wrap, case: dict):
+    args = dict(input_ids=IDS, attention_mask=MASK, max_new_tokens=4) | case
+    ids, mask = args.pop("input_ids"), args.pop("attention_mask")
+    return generate(model, wrap(ids), None if mask is None else wrap(mask), **args)
+
+
+@pytest.mark.parametrize("name", GPT_CASES)
+def test_gpt_bad_input(name):
+    torch_model, jax_model = model_pair(tgpt.GPT, jgpt.GPT, GPT_PRE_LN)
+    case, message = GPT_CASES[name]
+    messages = []
+    for generate, model, wrap in ((jax_generate, jax_model, np.asarray),
+                                  (torch_generate, torch_model, torch.tensor)):
+        with pytest.raises(ValueError, match=message) as error:
+            call(generate, model, wrap, case)
+        messages.append(str(error.value))
+    assert messages[0] == messages[1], "both twins give the same message"
+
+
+SEQ2SEQ_CASES = {
+    "no_decoder_start_token_id": (dict(decoder_start_token_id=None),
+                                  r"an encoder-decoder model needs decoder_start_token_id"),
+    "start_outside_vocab": (dict(decoder_start_token_id=29),
+                            r"decoder_start_token_id \(29\) is outside the vocabulary \[0, 29\)"),
+    "target_overruns_position_table": (dict(max_new_tokens=64),
+                                       r"needs 65 target positions, more than the position "
+                                       r"table holds \(max_position_embeddings=64\)"),
+    "source_of_only_padding": (dict(input_ids=np.array([[3, 4], [0, 0]]), attention_mask=None),
+                               r"input_ids row\(s\) \[1\] hold only src_pad_id \(0\)"),
+    "eos_outside_target_vocab": (dict(eos_token_id=29), r"eos_token_id \(29\) is outside"),
+}
+
+
+@pytest.mark.parametrize("name", SEQ2SEQ_CASES)
+def test_encoder_decoder_bad_input(name):
+    torch_model, jax_model = model_pair(ted.Transformer, jed.Transformer, SEQ2SEQ_POST_LN)
+    case, message = SEQ2SEQ_CASES[name]
+    case = dict(decoder_start_token_id=1, attention_mask=None) | case
+    for generate, model, wrap in ((jax_generate, jax_model, np.asarray),
+                                  (torch_generate, torch_model, torch.tensor)):
+        with pytest.raises(ValueError, match=message):
+            call(generate, model, wrap, case)
+
+
+def test_only_gpt_and_encoder_decoder_generate():
+    from jaxformer.config import BertConfig
+    from torch_ref.models.bert import BertModel
+    with pytest.raises(TypeError, match="generate needs a GPT or an encoder-decoder"):
+        torch_generate(BertModel(BertConfig.tiny()), IDS, max_new_tokens=2)

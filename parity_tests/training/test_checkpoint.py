@@ -1,0 +1,111 @@
+"""Checkpoints of the train step, both frameworks: everything comes back bit for bit (weights,
+optimizer moments, RNG state, step), a restored torch step continues exactly, only the last
+``keep`` checkpoints stay, and an unfinished save is never read.
+
+That a restored JAX step continues exactly is shown by the kill-and-resume test of the whole
+command (``test_kill_resume.py``, dropout on), which would otherwise repeat its compilation here.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from jaxformer.training import data
+from jaxformer.training.checkpoint import Checkpointer
+from jaxformer.training.config import TrainConfig, model_config
+from jaxformer.training.step import TrainStep, build_model
+from torch_ref.training.checkpoint import Checkpointer as TorchCheckpointer
+from torch_ref.training.step import TrainStep as TorchTrainStep
+from torch_ref.training.step import build_model as torch_build_model
+
+CONFIG = TrainConfig(steps=8, batch_size=4, seq_len=16, warmup_steps=2, learning_rate=3e-3)
+LINES = [f"the {w} sat on the mat near tree {i % 5}" for i, w in
+         enumerate(["cat", "dog", "bird", "fox"] * 10)]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tokenizer = data.train_tokenizer(LINES, 60)
+    dataset, _ = data.build_datasets("gpt", "\n".join(LINES), tokenizer, CONFIG)
+    model_cfg = model_config("gpt", "tiny", vocab_size=tokenizer.get_vocab_size(), dropout=0.2)
+    return dataset, model_cfg
+
+
+def _trainer(framework, model_cfg, seed):
+    if framework == "jax":
+        return TrainStep("gpt", build_model("gpt", model_cfg, seed), CONFIG), Checkpointer
+    return (TorchTrainStep("gpt", torch_build_model("gpt", model_cfg, seed), CONFIG),
+            TorchCheckpointer)
+
+
+def _leaves(trainer) -> list[np.ndarray]:
+    """Every array of a JAX step's state, PRNG keys as their raw data."""
+    return [np.asarray(jax.random.key_data(leaf) if jax.dtypes.issubdtype(
+        leaf.dtype, jax.dtypes.prng_key) else leaf) for leaf in jax.tree.leaves(
+        trainer.state_dict())]
+
+
+def test_jax_round_trip_is_bit_identical(setup, tmp_path):
+    _, model_cfg = setup
+    source, _ = _trainer("jax", model_cfg, 0)
+    # Moments and counts that are not their initial zeros, and advanced RNG counters.
+    rng = np.random.RandomState(0)
+    state = source.state_dict()
+    state["opt_state"] = jax.tree.map(lambda x: x + rng.rand(*x.shape).astype(x.dtype) * 3
+                                      if x.dtype == np.float32 else x + 7, state["opt_state"])
+    state["rest"] = jax.tree.map(lambda x: x if jax.dtypes.issubdtype(
+        x.dtype, jax.dtypes.prng_key) else x + 5, state["rest"])
+    state["step"] = state["step"] + 7
+    source.load_state_dict(state)
+    Checkpointer(tmp_path).save(source, {"data_position": 7})
+    target, _ = _trainer("jax", model_cfg, 1)  # other weights and keys
+    assert Checkpointer(tmp_path).restore(target) == {"data_position": 7}
+    assert target.step == 7
+    a, b = _leaves(source), _leaves(target)
+    assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+    # ...and the structure is the live one (optax states, nnx.State), not nested dicts.
+    assert (jax.tree.structure(target.state_dict()["opt_state"])
+            == jax.tree.structure(source.state_dict()["opt_state"]))
+
+
+def test_torch_restored_step_continues_exactly(setup, tmp_path):
+    dataset, model_cfg = setup
+    trainer, checkpointer_cls = _trainer("torch", model_cfg, 0)
+    checkpointer = checkpointer_cls(tmp_path / "ckpt", keep=2)
+    for step in range(3):
+        trainer(dataset.update_batch(step))
+    checkpointer.save(trainer, {"data_position": 3})
+    first = [trainer(dataset.update_batch(step))["loss"] for step in range(3, 7)]
+    # Dropout is on: without the RNG state the next losses would differ.
+    other, _ = _trainer("torch", model_cfg, 5)
+    assert checkpointer.restore(other) == {"data_position": 3} and other.step == 3
+    again = [other(dataset.update_batch(step))["loss"] for step in range(3, 7)]
+    assert again == first  # bit-identical
+
+
+@pytest.mark.parametrize("framework", ["jax", "torch"])
+def test_keep_last_n_and_unfinished_saves(setup, tmp_path, framework):
+    _, model_cfg = setup
+    trainer, checkpointer_cls = _trainer(framework, model_cfg, 0)
+    directory = tmp_path / "ckpt"
+    checkpointer = checkpointer_cls(directory, keep=2)
+    for step in range(1, 5):
+        trainer.step = step
+        checkpointer.save(trainer, {"data_position": step})
+    assert checkpointer.steps() == [3, 4]
+    # What a kill in the middle of a save leaves: a temporary directory, never a checkpoint.
+    name = "5.orbax-checkpoint-tmp-1" if framework == "jax" else ".tmp-step_5-1"
+    (directory / name / "state").mkdir(parents=True)
+    (directory / name / "state" / "partial").write_bytes(b"\0" * 10)
+    again = checkpointer_cls(directory, keep=2)
+    assert again.latest_step() == 4 and again.read_meta() == {"data_position": 4}
+    trainer.step = 0
+    assert again.restore(trainer) == {"data_position": 4} and trainer.step == 4
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint of step 1 .*holds \[3, 4\]"):
+        again.restore(trainer, step=1)
+    with pytest.raises(FileNotFoundError, match="no checkpoint in"):
+        checkpointer_cls(tmp_path / "empty").read_meta()
+    checkpointer.close()
+    again.close()

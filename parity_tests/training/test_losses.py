@@ -1,0 +1,146 @@
+"""Losses of jaxformer/training/losses.py and its twin against torch's ``F.cross_entropy``.
+
+The reference is torch's own function with its default mean reduction, ``ignore_index=-100`` and
+``label_smoothing``; the only intended difference, an all-ignored batch, is 0 on both sides where
+torch gives NaN. Logits are of order 10 so that a wrong log-softmax or a wrong smoothing term
+shows far above the 1e-6 bound.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from jaxformer.training import losses as jl
+from jaxformer.training.config import IGNORE_INDEX
+from torch_ref.training import losses as tl
+
+TOL = 1e-6  # float32 sums of a few dozen terms of order 10
+
+
+def _logits_labels(seed, shape=(3, 7), classes=11, ignored=0.3):
+    rng = np.random.RandomState(seed)
+    logits = (rng.randn(*shape, classes) * 4).astype(np.float32)
+    labels = rng.randint(0, classes, shape)
+    labels[rng.rand(*shape) < ignored] = IGNORE_INDEX
+    return logits, labels
+
+
+def _torch_reference(logits, labels, smoothing=0.0):
+    return F.cross_entropy(torch.tensor(logits).reshape(-1, logits.shape[-1]),
+                           torch.tensor(labels).reshape(-1), ignore_index=IGNORE_INDEX,
+                           label_smoothing=smoothing).item()
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.4])
+@pytest.mark.parametrize("ignored", [0.0, 0.3, 0.9])
+def test_cross_entropy_matches_torch(smoothing, ignored):
+    logits, labels = _logits_labels(1, ignored=ignored)
+    labels.flat[0] = 3  # at least one real target
+    expected = _torch_reference(logits, labels, smoothing)
+    got_j = float(jl.cross_entropy(jnp.asarray(logits), jnp.asarray(labels),
+                                   label_smoothing=smoothing))
+    got_t = tl.cross_entropy(torch.tensor(logits), torch.tensor(labels),
+                             label_smoothing=smoothing).item()
+    assert abs(got_j - expected) <= TOL * abs(expected)
+    assert abs(got_t - expected) <= TOL * abs(expected)
+    # Smoothing really changes the value (the test has teeth), and ignored targets do not count.
+    if smoothing:
+        assert abs(_torch_reference(logits, labels) - expected) > 1e-3
+    if ignored:
+        filled = np.where(labels == IGNORE_INDEX, 0, labels)
+        assert abs(_torch_reference(logits, filled, smoothing) - expected) > 1e-3
+
+
+def test_all_ignored_gives_zero_loss_and_zero_gradients():
+    logits, _ = _logits_labels(2)
+    labels = np.full((3, 7), IGNORE_INDEX)
+    assert np.isnan(_torch_reference(logits, labels))  # what torch's mean reduction gives
+    value, grad = jax.value_and_grad(lambda x: jl.cross_entropy(x, jnp.asarray(labels)))(
+        jnp.asarray(logits))
+    assert float(value) == 0.0 and np.all(np.asarray(grad) == 0.0)
+    x = torch.tensor(logits, requires_grad=True)
+    loss = tl.cross_entropy(x, torch.tensor(labels))
+    loss.backward()
+    assert loss.item() == 0.0 and torch.all(x.grad == 0)
+    # Under jit too (the count of real targets is a traced value there).
+    assert float(jax.jit(jl.masked_lm_loss)(jnp.asarray(logits), jnp.asarray(labels))) == 0.0
+
+
+def test_gradients_match_torch():
+    logits, labels = _logits_labels(3)
+    grad_j = jax.grad(lambda x: jl.seq2seq_loss(x, jnp.asarray(labels), 0.1))(jnp.asarray(logits))
+    x = torch.tensor(logits, requires_grad=True)
+    F.cross_entropy(x.reshape(-1, 11), torch.tensor(labels).reshape(-1), label_smoothing=0.1,
+                    ignore_index=IGNORE_INDEX).backward()
+    scale = np.abs(x.grad.numpy()).max()
+    assert np.abs(np.asarray(grad_j) - x.grad.numpy()).max() <= 1e-6 * scale
+
+
+@pytest.mark.parametrize("padding", ["none", "right", "left"])
+def test_causal_lm_loss_shifts_and_ignores_padding(padding):
+    rng = np.random.RandomState(4)
+    B, T, V = 3, 8, 13
+    logits = (rng.randn(B, T, V) * 4).astype(np.float32)
+    ids = rng.randint(0, V, (B, T))
+    mask = np.ones((B, T), np.int64)
+    if padding == "right":
+        mask[1, 5:] = 0
+        mask[2, 2:] = 0
+    elif padding == "left":
+        mask[1, :3] = 0
+        mask[2, :6] = 0
+    # Reference: position t predicts t + 1 when both are real tokens; written out by hand.
+    rows, targets = [], []
+    for b in range(B):
+        for t in range(T - 1):
+            if mask[b, t] and mask[b, t + 1]:
+                rows.append(logits[b, t])
+                targets.append(ids[b, t + 1])
+    expected = F.cross_entropy(torch.tensor(np.array(rows)), torch.tensor(targets)).item()
+    given_mask = None if padding == "none" else mask
+    got_j = float(jl.causal_lm_loss(jnp.asarray(logits), jnp.asarray(ids),
+                                    None if given_mask is None else jnp.asarray(given_mask)))
+    got_t = tl.causal_lm_loss(torch.tensor(logits), torch.tensor(ids),
+                              None if given_mask is None else torch.tensor(given_mask)).item()
+    assert abs(got_j - expected) <= TOL * expected and abs(got_t - expected) <= TOL * expected
+
+
+def test_next_sentence_and_classification_losses_match_torch():
+    rng = np.random.RandomState(5)
+    for classes in (2, 5):
+        logits = (rng.randn(6, classes) * 3).astype(np.float32)
+        labels = rng.randint(0, classes, 6)
+        expected = F.cross_entropy(torch.tensor(logits), torch.tensor(labels)).item()
+        for fn_j, fn_t in ((jl.next_sentence_loss, tl.next_sentence_loss),
+                           (jl.classification_loss, tl.classification_loss)):
+            assert abs(float(fn_j(jnp.asarray(logits), jnp.asarray(labels))) - expected) <= TOL
+            assert abs(fn_t(torch.tensor(logits), torch.tensor(labels)).item() - expected) <= TOL
+
+
+@pytest.mark.parametrize("bad", [11, 40, -1, -7])
+def test_labels_outside_the_classes_are_refused(bad):
+    logits, labels = _logits_labels(6)
+    labels[1, 2] = bad
+    with pytest.raises(ValueError, match=rf"labels must lie in \[0, 11\) or be -100.*found {bad}"):
+        jl.cross_entropy(jnp.asarray(logits), jnp.asarray(labels))
+    with pytest.raises(ValueError, match=rf"labels must lie in \[0, 11\) or be -100.*found {bad}"):
+        tl.cross_entropy(torch.tensor(logits), torch.tensor(labels))
+    # Under jit the label cannot be read: the loss is NaN, never a plausible number.
+    assert np.isnan(float(jax.jit(jl.cross_entropy)(jnp.asarray(logits), jnp.asarray(labels))))
+
+
+def test_shape_and_dtype_errors():
+    logits, labels = _logits_labels(7)
+    with pytest.raises(ValueError, match="expected labels of shape"):
+        jl.cross_entropy(jnp.asarray(logits), jnp.asarray(labels[:, :3]))
+    with pytest.raises(ValueError, match="expected labels of shape"):
+        tl.cross_entropy(torch.tensor(logits), torch.tensor(labels[:, :3]))
+    with pytest.raises(TypeError, match="integer class ids"):
+        jl.cross_entropy(jnp.asarray(logits), jnp.asarray(labels, jnp.float32))
+    with pytest.raises(TypeError, match="integer class ids"):
+        tl.cross_entropy(torch.tensor(logits), torch.tensor(labels).float())

@@ -1,0 +1,133 @@
+"""Twin of ``jaxformer/generation/search.py``: the same greedy/sampling and beam search, step for
+step, as a Python loop (torch's idiom: each step dispatches eagerly)."""
+
+from __future__ import annotations
+
+import torch
+
+from jaxformer.generation import checks
+from torch_ref.generation import processors
+
+NEG = -1.0e9
+
+
+def _gather(x, indices):
+    """``x[b, indices[b, k], ...]`` along axis 1."""
+    index = indices.reshape(indices.shape + (1,) * (x.dim() - 2)).expand(
+        indices.shape + x.shape[2:])
+    return torch.gather(x, 1, index)
+
+
+def _rows(cache, fn):
+    """Apply ``fn`` to every per-row tensor of a cache (the int ``index`` is left alone)."""
+    if isinstance(cache, dict):
+        return {name: _rows(value, fn) for name, value in cache.items()}
+    if isinstance(cache, list):
+        return [_rows(value, fn) for value in cache]
+    return fn(cache) if isinstance(cache, torch.Tensor) and cache.dim() else cache
+
+
+def greedy(step_fn, logits, cache, prompt, options: checks.Options, values, streamer=None):
+    B, P = prompt.shape
+    V = logits.shape[-1]
+    eos = (torch.tensor(options.eos_token_ids, device=prompt.device)
+           if options.eos_token_ids else None)
+    sequences = torch.full((B, P + options.max_new_tokens), options.pad_token_id,
+                           dtype=torch.long, device=prompt.device)
+    sequences[:, :P] = prompt
+    unfinished = torch.ones(B, dtype=torch.bool, device=prompt.device)
+    step = 0
+    while True:
+        scores = logits.float()
+        if options.do_sample:
+            scores = processors.process(scores, options, values)
+            u = processors.uniforms(values["seed"], step, B, V, device=scores.device)
+            tokens = processors.sample(scores, u)
+        else:
+            tokens = torch.argmax(scores, dim=-1)
+        if eos is not None:
+            tokens = torch.where(unfinished, tokens, options.pad_token_id)
+            unfinished = unfinished & ~torch.isin(tokens, eos)
+        if streamer is not None:
+            streamer(tokens.cpu().numpy())
+        sequences[:, P + step] = tokens
+        step += 1
+        if step >= options.max_new_tokens or not unfinished.any():
+            return sequences[:, :P + step]
+        logits, cache = step_fn(tokens, cache)
+
+
+def beam(step_fn, logits, cache, prompt, options: checks.Options, values):
+    B, P = prompt.shape
+    nb, K, N = options.num_beams, options.beams_to_keep, options.max_new_tokens
+    V = logits.shape[-1]
+    width = P + N
+    device = prompt.device
+    eos = torch.tensor(options.eos_token_ids, device=device) if options.eos_token_ids else None
+    first_nb = (torch.arange(K, device=device) < nb)[None]
+    batch_offset = (torch.arange(B, device=device) * nb)[:, None]
+
+    running_sequences = torch.full((B, nb, width), options.pad_token_id, dtype=torch.long,
+                                   device=device)
+    running_sequences[:, :, :P] = prompt[:, None, :]
+    sequences = running_sequences.clone()
+    running_scores = torch.zeros(B, nb, device=device)
+    running_scores[:, 1:] = NEG
+    scores = torch.full((B, nb), NEG, device=device)
+    finished = torch.zeros(B, nb, dtype=torch.bool, device=device)
+    lengths = torch.zeros(B, nb, dtype=torch.long, device=device)
+    unsatisfied = torch.ones(B, 1, dtype=torch.bool, device=device)
+    cache = _rows(cache, lambda x: x.repeat_interleave(nb, dim=0))
+    logits = logits.repeat_interleave(nb, dim=0)
+    step = 0
+    while True:
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        if options.do_sample:
+            log_probs = processors.process(log_probs, options, values)
+        log_probs = log_probs.reshape(B, nb, V) + running_scores[:, :, None]
+        flat = log_probs.reshape(B, nb * V)
+        if options.do_sample:
+            u = processors.uniforms(values["seed"], step, B, nb * V, device=device)
+            index = processors.sample_without_replacement(flat, u, K)
+            top_log_probs = torch.gather(flat, 1, index)
+        else:
+            top_log_probs, index = torch.topk(flat, K)
+        source, tokens = index // V, index % V
+        top_sequences = _gather(running_sequences, source)  # a copy: safe to write
+        top_sequences[:, :, P + step] = tokens
+        hits = torch.full(tokens.shape, P + step + 1 >= width, device=device)
+        if eos is not None:
+            hits = hits | torch.isin(tokens, eos)
+
+        running_log_probs = top_log_probs + hits.float() * NEG
+        keep = torch.topk(running_log_probs, nb)[1]
+        running_sequences = _gather(top_sequences, keep)
+        running_scores = _gather(running_log_probs, keep)
+        source = _gather(source, keep)
+
+        just_finished = hits & first_nb
+        new_scores = top_log_probs / values["length_penalty"][step + 1]
+        if options.early_stopping is True:
+            new_scores = new_scores + finished.all(dim=-1, keepdim=True).float() * NEG
+        new_scores = new_scores + (~unsatisfied).float() * NEG
+        new_scores = new_scores + (~just_finished).float() * NEG
+        merged_scores = torch.cat([scores, new_scores], dim=1)
+        best = torch.topk(merged_scores, nb)[1]
+        sequences = _gather(torch.cat([sequences, top_sequences], dim=1), best)
+        finished = _gather(torch.cat([finished, just_finished], dim=1), best)
+        lengths = _gather(torch.cat([lengths, torch.full((B, K), step + 1, device=device)],
+                                    dim=1), best)
+        scores = _gather(merged_scores, best)
+
+        rows = (batch_offset + source).reshape(-1)
+        cache = _rows(cache, lambda x: x.index_select(0, rows))
+        step += 1
+        best_running = running_scores[:, :1] / values["best_length_penalty"][step]
+        worst_finished = torch.where(finished, scores.min(dim=1, keepdim=True)[0],
+                                     torch.tensor(NEG, device=device))
+        unsatisfied = unsatisfied & (best_running > worst_finished).any(dim=-1, keepdim=True)
+        open_beam = not (bool(finished.all()) and options.early_stopping is True)
+        if not (bool(unsatisfied.any()) and open_beam and not bool(hits.all())) or step >= N:
+            break
+        logits, cache = step_fn(running_sequences[:, :, P + step - 1].reshape(B * nb), cache)
+    return sequences[:, 0, :P + int(lengths[:, 0].max())]

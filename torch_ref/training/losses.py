@@ -1,0 +1,70 @@
+"""Twin of ``jaxformer/training/losses.py``: the training losses through torch's own
+``F.cross_entropy`` (its ignore index and label smoothing), summed and divided by the number of
+real targets, so that a batch whose targets are all ignored gives 0 instead of torch's NaN."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from jaxformer.training import data
+from jaxformer.training.config import IGNORE_INDEX, TrainConfig
+
+
+def cross_entropy(logits, labels, *, ignore_index: int = IGNORE_INDEX,
+                  label_smoothing: float = 0.0):
+    if tuple(logits.shape[:-1]) != tuple(labels.shape):
+        raise ValueError(f"logits have shape {tuple(logits.shape)} but labels have shape "
+                         f"{tuple(labels.shape)}; expected labels of shape "
+                         f"{tuple(logits.shape[:-1])}")
+    num_classes = logits.shape[-1]
+    data.check_labels("labels", labels, num_classes, ignore_index)
+    labels = torch.as_tensor(labels, device=logits.device).long()
+    total = F.cross_entropy(logits.float().reshape(-1, num_classes), labels.reshape(-1),
+                            ignore_index=ignore_index, label_smoothing=label_smoothing,
+                            reduction="sum")
+    return total / (labels != ignore_index).sum().clamp(min=1)
+
+
+def masked_lm_loss(logits, labels):
+    return cross_entropy(logits, labels)
+
+
+def next_sentence_loss(logits, labels):
+    return cross_entropy(logits, labels)
+
+
+def causal_lm_loss(logits, input_ids, attention_mask=None):
+    targets = torch.as_tensor(input_ids)[:, 1:]
+    if attention_mask is not None:
+        mask = torch.as_tensor(attention_mask).bool()
+        targets = torch.where(mask[:, :-1] & mask[:, 1:], targets,
+                              torch.full_like(targets, IGNORE_INDEX))
+    return cross_entropy(logits[:, :-1], targets)
+
+
+def seq2seq_loss(logits, labels, label_smoothing: float = 0.0):
+    return cross_entropy(logits, labels, label_smoothing=label_smoothing)
+
+
+def classification_loss(logits, labels):
+    return cross_entropy(logits, labels)
+
+
+def batch_loss(family: str, model, batch: dict, config: TrainConfig):
+    """``batch`` holds torch tensors."""
+    if family == "bert":
+        _, mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"],
+                                          batch["attention_mask"])
+        return (masked_lm_loss(mlm_logits, batch["mlm_labels"])
+                + next_sentence_loss(nsp_logits, batch["nsp_labels"]))
+    if family == "gpt":
+        logits = model(batch["input_ids"], batch["attention_mask"])
+        return causal_lm_loss(logits, batch["input_ids"], batch["attention_mask"])
+    if family == "transformer":
+        logits = model(batch["src_ids"], batch["tgt_ids"], batch["src_mask"], batch["tgt_mask"])
+        return seq2seq_loss(logits, batch["labels"], config.label_smoothing)
+    if family == "classifier":
+        logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        return classification_loss(logits, batch["labels"])
+    raise ValueError(f"unknown family {family!r}; choose one of {sorted(data.BATCH_KEYS)}")

@@ -1,0 +1,99 @@
+"""Twin of ``jaxformer/training/step.py``: the same update in eager PyTorch (for
+``torch.compile``, call ``model.compile()`` first: the module and its state_dict keys stay).
+
+Each micro-batch's loss is divided by ``accumulation_steps`` before ``backward``, so the gradients
+accumulated in ``.grad`` are the mean of the micro-batch gradients, as the JAX step computes them.
+A parameter that no loss reaches gets a zero gradient rather than none, so that AdamW still decays
+it and advances its moments exactly as optax does. Dropout draws from torch's global generator,
+seeded by the loop; its state is part of :meth:`TrainStep.state_dict`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from jaxformer.training import data
+from jaxformer.training.config import TrainConfig
+from torch_ref.models.bert import BertForPreTraining, BertForSequenceClassification
+from torch_ref.models.encoder_decoder import Transformer
+from torch_ref.models.gpt import GPT
+from torch_ref.training import losses
+from torch_ref.training.optim import clip_by_global_norm, learning_rate, make_optimizer
+
+MODELS = {"bert": BertForPreTraining, "gpt": GPT, "transformer": Transformer,
+          "classifier": BertForSequenceClassification}
+
+
+def build_model(family: str, model_config, seed: int) -> nn.Module:
+    if family not in MODELS:
+        raise ValueError(f"unknown family {family!r}; choose one of {sorted(MODELS)}")
+    torch.manual_seed(seed)
+    return MODELS[family](model_config)
+
+
+def tokens_in(batch: dict) -> int:
+    keys = ("src_ids", "tgt_ids") if "src_ids" in batch else ("input_ids",)
+    return int(sum(np.size(batch[k]) for k in keys))
+
+
+def _to_tensors(batch: dict, device=None) -> dict[str, torch.Tensor]:
+    return {key: torch.as_tensor(np.asarray(value), device=device).long()
+            for key, value in batch.items()}
+
+
+class TrainStep:
+    def __init__(self, family: str, model: nn.Module, config: TrainConfig):
+        self.family, self.config, self.model = family, config, model
+        self.model_config = model.config
+        self._optimizer = make_optimizer(config, model)
+        self.step = 0
+
+    def __call__(self, batch: dict) -> dict[str, float]:
+        data.check_batch(self.family, batch, self.model_config)
+        device = next(self.model.parameters()).device
+        accum = self.config.accumulation_steps
+        self.model.train()
+        self._optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=device)
+        for a in range(accum):
+            micro = _to_tensors({key: value[a] for key, value in batch.items()}, device)
+            loss = losses.batch_loss(self.family, self.model, micro, self.config) / accum
+            loss.backward()
+            total += loss.detach()
+        params = list(self.model.parameters())
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        _, norm = clip_by_global_norm([p.grad for p in params], self.config.clip_norm)
+        lr = learning_rate(self.config, self.step)
+        for group in self._optimizer.param_groups:
+            group["lr"] = lr
+        self._optimizer.step()
+        self.step += 1
+        return {"loss": float(total), "grad_norm": float(norm), "learning_rate": lr}
+
+    @torch.no_grad()
+    def evaluate(self, batch: dict) -> float:
+        data.check_batch(self.family, batch, self.model_config)
+        device = next(self.model.parameters()).device
+        self.model.eval()
+        try:
+            return float(losses.batch_loss(self.family, self.model,
+                                           _to_tensors(batch, device), self.config))
+        finally:
+            self.model.train()
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self._optimizer.state_dict(),
+                "rng": torch.get_rng_state(), "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self._optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        self.step = int(state["step"])
+
+    def sync(self) -> nn.Module:
+        return self.model
