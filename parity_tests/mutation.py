@@ -10,6 +10,7 @@ first failing test, or that none failed. The working tree is never touched.
     .venv/bin/python -m parity_tests.mutation --only softmax_axis dropout_in_eval
     .venv/bin/python -m parity_tests.mutation --check    # only: does every old text still exist?
     .venv/bin/python -m parity_tests.mutation --baseline # the selected tests pass unmutated?
+    .venv/bin/python -m parity_tests.mutation --new-only # the tests without a twin alone
 
 A mutant whose old text is no longer found exactly once is reported as ``stale`` (the code moved
 on: rewrite the mutant), never skipped in silence. Statuses: ``caught`` (a test failed, or the
@@ -48,6 +49,7 @@ T_REF, T_INV = PT + "models/test_references.py", PT + "models/test_invariance.py
 T_BF16, T_DROP = PT + "models/test_bf16.py", PT + "nn/test_dropout.py"
 T_LN, T_LOOK = PT + "nn/test_layer_norm.py", PT + "nn/test_lookups.py"
 BAD = PT + "test_bad_input.py"
+NEW = (T_REF, T_INV, T_BF16, T_DROP, T_LN, T_LOOK)  # the tests without a twin (issue 12)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,11 +309,18 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", action="store_true",
                         help="run every selected test on the unmutated copy")
     parser.add_argument("--keep", action="store_true", help="keep the mutated copies")
+    parser.add_argument("--new-only", action="store_true",
+                        help="select only the tests without a twin (test_references, ...): does "
+                             "each class of bug have its own test, even where an older test also "
+                             "catches it?")
     args = parser.parse_args(argv)
     mutants = [m for m in MUTANTS if not args.only or m.name in args.only]
     unknown = set(args.only or ()) - {m.name for m in MUTANTS}
     if unknown:
         parser.error(f"unknown mutants: {sorted(unknown)}")
+    if args.new_only:
+        mutants = [dataclasses.replace(m, tests=new) for m in mutants
+                   if (new := tuple(t for t in m.tests if t.split("::")[0] in NEW))]
     base = Path(tempfile.mkdtemp(prefix="mutation-base-"))
     try:
         snapshot(base)

@@ -36,15 +36,14 @@ class Options:
     use_top_p: bool  # ... and top-p only below 1.0
     min_tokens_to_keep: int
     early_stopping: bool | str
-    eos_token_ids: tuple[int, ...]
-    pad_token_id: int
+    num_eos: int  # how many eos ids (their values are in Values: changing them does not recompile)
     stream: bool = False
 
     @property
     def beams_to_keep(self) -> int:
         """Candidates kept per step (Hugging Face): enough that ``num_beams`` of them are not
         finished even when every eos token is among the best."""
-        return max(2, 1 + len(self.eos_token_ids)) * self.num_beams
+        return max(2, 1 + self.num_eos) * self.num_beams
 
 
 @dataclass(frozen=True)
@@ -56,6 +55,8 @@ class Values:
     length_penalty: np.ndarray  # [max_new_tokens + 1] float32: n ** length_penalty
     best_length_penalty: np.ndarray  # the early-stopping heuristic's divisor per step
     seed: np.uint32
+    eos_token_ids: np.ndarray  # [num_eos] int32
+    pad_token_id: np.int32  # fills finished rows: pad_token_id, else the first eos, else 0
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -121,7 +122,7 @@ def check_generate(*, vocab_size: int, max_new_tokens, do_sample=False, temperat
         top_k=min(max(int(top_k), min_keep), vocab_size) if do_sample and top_k else 0,
         use_temperature=do_sample and temperature != 1.0,
         use_top_p=do_sample and top_p < 1.0, min_tokens_to_keep=min_keep,
-        early_stopping=early_stopping, eos_token_ids=eos, pad_token_id=pad, stream=stream)
+        early_stopping=early_stopping, num_eos=len(eos), stream=stream)
     n = np.arange(max_new_tokens + 1, dtype=np.float64)
     with np.errstate(divide="ignore"):  # n = 0 is never used
         table = n ** float(length_penalty)
@@ -132,7 +133,9 @@ def check_generate(*, vocab_size: int, max_new_tokens, do_sample=False, temperat
                     top_p_threshold=np.float32(1.0 - float(top_p)),
                     length_penalty=table.astype(np.float32),
                     best_length_penalty=best.astype(np.float32),
-                    seed=np.uint32(int(seed) % 2**32))
+                    seed=np.uint32(int(seed) % 2**32),
+                    eos_token_ids=np.asarray(eos, np.int32).reshape(len(eos)),
+                    pad_token_id=np.int32(pad))
     return options, values
 
 

@@ -133,9 +133,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     total = sum(counts)
-    first_text = "" if first is None else f", first token after {first:.2f} s"
+    details = [args.framework]
+    if first is not None:
+        details.append(f"first token after {first:.2f} s")
+    if args.framework == "jax":
+        details.append("compilation included")
     print(f"{total} new tokens in {seconds:.2f} s: {total / seconds:.1f} tokens/s "
-          f"({args.framework}{first_text}; the first run includes compilation)", file=sys.stderr)
+          f"({', '.join(details)})", file=sys.stderr)
     return 0
 
 

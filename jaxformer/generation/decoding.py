@@ -72,9 +72,9 @@ def _generate_gpt(graphdef, state, input_ids, attention_mask, values, stream_id,
     return _search(step_fn, logits, cache, input_ids, options, values, stream_id)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "options", "decoder_start_token_id"))
-def _generate_seq2seq(graphdef, state, src_ids, src_mask, values, stream_id, *, options,
-                      decoder_start_token_id):
+@functools.partial(jax.jit, static_argnames=("graphdef", "options"))
+def _generate_seq2seq(graphdef, state, src_ids, src_mask, decoder_start_token_id, values,
+                      stream_id, *, options):
     model = nnx.merge(graphdef, state)
     B = src_ids.shape[0]
     memory = model.encode(src_ids, src_mask)
@@ -123,8 +123,8 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens, do_sample
             mask = (ids != config.src_pad_id if attention_mask is None
                     else jnp.asarray(np.asarray(attention_mask)).astype(bool))
             sequences, length = _generate_seq2seq(
-                graphdef, state, ids, mask, values, stream_id, options=options,
-                decoder_start_token_id=int(decoder_start_token_id))
+                graphdef, state, ids, mask, jnp.int32(decoder_start_token_id), values,
+                stream_id, options=options)
         return sequences[:, :int(length)]
     finally:
         search._STREAMERS.pop(stream_id, None)

@@ -69,9 +69,9 @@ def greedy(step_fn, logits, cache, prompt, options: checks.Options, values, stre
     callback registered under the id ``streamer`` (an ordered ``io_callback``)."""
     B, P = prompt.shape
     V = logits.shape[-1]
-    eos = jnp.asarray(options.eos_token_ids, jnp.int32) if options.eos_token_ids else None
+    eos, pad = values["eos_token_ids"] if options.num_eos else None, values["pad_token_id"]
     width = P + options.max_new_tokens
-    sequences = jnp.full((B, width), options.pad_token_id, jnp.int32).at[:, :P].set(prompt)
+    sequences = jnp.full((B, width), pad, jnp.int32).at[:, :P].set(prompt)
 
     def select(carry, logits):
         step, sequences, unfinished, cache = carry
@@ -82,7 +82,7 @@ def greedy(step_fn, logits, cache, prompt, options: checks.Options, values, stre
         else:
             tokens = jnp.argmax(scores, axis=-1).astype(jnp.int32)
         if eos is not None:
-            tokens = jnp.where(unfinished, tokens, options.pad_token_id)
+            tokens = jnp.where(unfinished, tokens, pad)
             unfinished = unfinished & ~jnp.isin(tokens, eos)
         if options.stream:
             io_callback(_emit, None, streamer, step, tokens, ordered=True)
@@ -114,7 +114,7 @@ def beam(step_fn, logits, cache, prompt, options: checks.Options, values):
     nb, K, N = options.num_beams, options.beams_to_keep, options.max_new_tokens
     V = logits.shape[-1]
     width = P + N
-    eos = jnp.asarray(options.eos_token_ids, jnp.int32) if options.eos_token_ids else None
+    eos = values["eos_token_ids"] if options.num_eos else None
     first_nb = (jnp.arange(K) < nb)[None]  # (1, K)
     batch_offset = (jnp.arange(B) * nb)[:, None]  # (B, 1)
 
@@ -181,7 +181,7 @@ def beam(step_fn, logits, cache, prompt, options: checks.Options, values):
         logits, state["cache"] = step_fn(last, state["cache"])
         return select(state, logits)
 
-    start = jnp.full((B, nb, width), options.pad_token_id, jnp.int32)
+    start = jnp.full((B, nb, width), values["pad_token_id"], jnp.int32)
     start = start.at[:, :, :P].set(prompt[:, None, :])
     state = {
         "step": jnp.int32(0), "done": jnp.bool_(False),

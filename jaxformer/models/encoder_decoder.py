@@ -23,8 +23,8 @@ Decoding with a KV cache (``jaxformer.generation``): ``init_cache(memory, max_le
 computes every decoder layer's cross-attention keys and values from the memory once and
 preallocates the self-attention cache; ``decode(tgt_ids, None, cache=cache)`` then runs only the
 new target tokens (positions continue from the cache's index) and returns ``(logits, cache)``.
-The cache is plain data: ``{"layers": [{"self": {"key", "value"} (B, L, nh, hs), "cross":
-{"key", "value"} (B, S, nh, hs)}], "mask": (B, L) real target tokens in the filled slots,
+The cache is plain data: ``{"layers": [{"self": {"key", "value"} (B, nh, L, hs), "cross":
+{"key", "value"} (B, nh, S, hs)}], "mask": (B, L) real target tokens in the filled slots,
 "index": slots filled, "source_mask": (B, S)}``.
 """
 
@@ -214,7 +214,7 @@ class Transformer(nnx.Module):
         """A cache for decoding ``max_length`` target tokens against ``memory`` ``(B, S, C)``:
         cross-attention keys and values computed here, once (see the module doc)."""
         B, S, _ = memory.shape
-        shape = (B, max_length, self.config.num_heads, self.config.head_dim)
+        shape = (B, self.config.num_heads, max_length, self.config.head_dim)
         dtype = jnp.dtype(self.config.dtype)
         layers = [{"self": {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)},
                    "cross": layer.cross_attention.key_value(memory)}

@@ -20,7 +20,7 @@ meaningless; nothing real attends to them.
 
 Decoding with a KV cache (``jaxformer.generation``): ``init_cache`` preallocates one, and
 ``hidden_states`` / ``__call__`` given ``cache=`` run only the new tokens and return ``(output,
-new cache)``. The cache is plain data: ``{"layers": [{"key", "value"} (B, L, nh, hs) per block],
+new cache)``. The cache is plain data: ``{"layers": [{"key", "value"} (B, nh, L, hs) per block],
 "mask": (B, L) bool, real tokens in the filled slots, "index": slots filled, "positions": (B,)
 position of each row's next real token}``. The new tokens' positions continue each row's count
 of real tokens, so a left-padded prompt and its continuation get exactly the positions and the
@@ -87,7 +87,7 @@ class GPT(nnx.Module):
 
     def init_cache(self, batch_size: int, max_length: int) -> dict:
         """An empty cache of ``max_length`` slots for ``batch_size`` rows (see the module doc)."""
-        shape = (batch_size, max_length, self.config.num_heads, self.config.head_dim)
+        shape = (batch_size, self.config.num_heads, max_length, self.config.head_dim)
         dtype = jnp.dtype(self.config.dtype)
         return {"layers": [{"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)}
                            for _ in self.blocks],

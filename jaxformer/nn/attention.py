@@ -54,14 +54,34 @@ def attention(q, k, v, mask=None, dropout: nnx.Dropout | None = None,
     float32. ``implementation`` is one of ``config.ATTENTION_IMPLEMENTATIONS``; ``"auto"`` takes
     ``"xla"`` unless dropout is active, then ``"einsum"``.
     """
-    active = dropout if dropout is not None and not dropout.deterministic and dropout.rate > 0 \
-        else None
+    active = _active(dropout)
     if implementation == "auto":
         implementation = "einsum" if active is not None else "xla"
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"attention implementation {implementation!r} is not one of "
                          f"{('auto', *IMPLEMENTATIONS)}")
     return IMPLEMENTATIONS[implementation](q, k, v, mask, active)
+
+
+def _active(dropout: nnx.Dropout | None) -> nnx.Dropout | None:
+    """The dropout module when it would drop something, else None."""
+    return dropout if dropout is not None and not dropout.deterministic and dropout.rate > 0 \
+        else None
+
+
+def _cached_attention(q, k, v, mask, dropout):
+    """Attention of ``(B, T, nh, hs)`` queries over a heads-first ``(B, nh, L, hs)`` cache, the
+    layout batched matmuls read directly (``jax.nn.dot_product_attention`` takes ``(B, L, nh,
+    hs)`` keys and had XLA transpose the whole cache at every step). Flash attention brings
+    nothing to a few queries, so the config's ``implementation`` applies to uncached calls only."""
+    scores = jnp.einsum("bthd,bhsd->bhts", q, k, preferred_element_type=jnp.float32)
+    scores = scores / math.sqrt(q.shape[-1])  # (B, nh, T, L)
+    if mask is not None:
+        scores = jnp.where(mask, scores, MASK_VALUE)
+    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    if dropout is not None:
+        weights = dropout(weights)
+    return jnp.einsum("bhts,bhsd->bthd", weights, v)  # (B, T, nh, hs)
 
 
 def cache_mask(valid, cache_index, q_len: int) -> jnp.ndarray:
@@ -78,13 +98,14 @@ class MultiHeadAttention(nnx.Module):
     """Self-attention (``context=None``) or cross-attention over ``context``.
 
     Decoding with a KV cache (``jaxformer.generation``): ``cache`` is plain data,
-    ``{"key": (B, L, nh, hs), "value": (B, L, nh, hs)}``, preallocated to L slots.
+    ``{"key": (B, nh, L, hs), "value": (B, nh, L, hs)}``, heads-first as in torch_ref,
+    preallocated to L slots; ``context`` is then None.
 
     - Self-attention, ``cache_index`` given (a scalar, traced or not): this call's keys and values
       are written at slots ``[cache_index, cache_index + T)`` and the queries attend over all L
       slots; ``mask`` (``(B, 1, T, L)``) says which slots count. Returns ``(output, new cache)``.
     - Cross-attention, ``cache_index=None``: the cache holds the context's keys and values,
-      computed once by :meth:`key_value`; ``context`` must be None. Returns ``(output, cache)``.
+      computed once by :meth:`key_value`. Returns ``(output, cache)``.
 
     Without a cache the call returns the output alone, as before.
     """
@@ -101,26 +122,30 @@ class MultiHeadAttention(nnx.Module):
         self.implementation = config.attention_implementation
 
     def key_value(self, context) -> dict:
-        """``(B, S, C)`` -> ``{"key", "value"}``, each ``(B, S, nh, hs)``."""
+        """``(B, S, C)`` -> ``{"key", "value"}``, each heads-first ``(B, nh, S, hs)``."""
         B, S, _ = context.shape
-        return {"key": self.key(context).reshape(B, S, self.num_heads, self.head_dim),
-                "value": self.value(context).reshape(B, S, self.num_heads, self.head_dim)}
+        return {name: projection(context).reshape(B, S, self.num_heads, self.head_dim)
+                .transpose(0, 2, 1, 3) for name, projection in (("key", self.key),
+                                                                ("value", self.value))}
 
     def __call__(self, hidden_states, context=None, mask=None, cache=None, cache_index=None):
         B, T, C = hidden_states.shape
         q = self.query(hidden_states).reshape(B, T, self.num_heads, self.head_dim)
-        if cache is not None and cache_index is None:  # cross-attention, keys/values cached
-            if context is not None:
-                raise ValueError("cross-attention with a cache reads the context's keys and "
-                                 "values from it: pass context=None")
-            kv = cache
-        else:
-            kv = self.key_value(hidden_states if context is None else context)
-            if cache is not None:  # self-attention: write this call's slots, read all of them
-                kv = {name: jax.lax.dynamic_update_slice(
-                    cache[name], kv[name].astype(cache[name].dtype), (0, cache_index, 0, 0))
-                    for name in ("key", "value")}
-        y = attention(q, kv["key"], kv["value"], mask, self.attention_dropout,
-                      self.implementation)  # (B, T, nh, hs)
-        out = self.output(y.reshape(B, T, C))
-        return out if cache is None else (out, kv)
+        if cache is None:
+            context = hidden_states if context is None else context
+            S = context.shape[1]
+            k = self.key(context).reshape(B, S, self.num_heads, self.head_dim)
+            v = self.value(context).reshape(B, S, self.num_heads, self.head_dim)
+            y = attention(q, k, v, mask, self.attention_dropout, self.implementation)
+            return self.output(y.reshape(B, T, C))  # y: (B, T, nh, hs)
+        if context is not None:
+            raise ValueError("attention with a cache takes no context: cross-attention reads "
+                             "the context's keys and values from the cache")
+        if cache_index is not None:  # self-attention: write this call's slots, read them all
+            new = self.key_value(hidden_states)
+            cache = {name: jax.lax.dynamic_update_slice(
+                cache[name], new[name].astype(cache[name].dtype), (0, 0, cache_index, 0))
+                for name in ("key", "value")}
+        y = _cached_attention(q, cache["key"], cache["value"], mask,
+                              _active(self.attention_dropout))  # (B, T, nh, hs)
+        return self.output(y.reshape(B, T, C)), cache

@@ -21,7 +21,12 @@ import time
 from collections.abc import Callable, Iterator
 
 import jax
-import torch
+
+try:
+    import torch
+except ImportError as error:  # the library runs without torch; this job compares against it
+    raise ImportError("jaxformer parity compares jaxformer with its PyTorch twin and needs torch: "
+                      "pip install 'jaxformer[torch]'") from error
 
 from jaxformer.parity.compare import FORWARD_RTOL, JIT_TOL, Row, compare
 from jaxformer.parity.families import bert_rows, gpt_rows, padded_batch, transformer_rows, twin

@@ -75,17 +75,35 @@ def file_sha256(path) -> str:
 # ------------------------------------------------------------------------------- tokenizers
 
 def train_tokenizer(lines, vocab_size: int):
-    """A lower-cased WordPiece vocabulary of at most ``vocab_size`` entries (more only if the
-    file's alphabet needs it) trained on ``lines``, with :data:`SPECIAL_TOKENS` first."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    """A lower-cased WordPiece tokenizer whose vocabulary is learned from ``lines``: the
+    :data:`SPECIAL_TOKENS` (ids 0-4), every character of the text (word-initial and ``##``
+    continuation), then the most frequent words (ties in alphabetical order) up to ``vocab_size``
+    entries (more only if the characters need it). Unknown words split into characters.
 
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    Built here rather than by ``tokenizers``' ``WordPieceTrainer``, whose result changes from run
+    to run on ties (hash-map order, huggingface/tokenizers#1794): a run must reproduce from its
+    seed, and the JAX and torch runs of one file must see the same ids.
+    """
+    from collections import Counter
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    normalizer = normalizers.BertNormalizer(lowercase=True)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    words = Counter(word for line in lines
+                    for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(line)))
+    initial = sorted({word[0] for word in words})
+    continuation = sorted({f"##{c}" for word in words for c in word[1:]})
+    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *initial, *continuation])}
+    for word, _ in sorted(words.items(), key=lambda item: (-item[1], item[0])):
+        if len(vocab) >= vocab_size:
+            break
+        vocab.setdefault(word, len(vocab))
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizer
+    tokenizer.pre_tokenizer = pre_tokenizer
     tokenizer.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, show_progress=False,
-                                        special_tokens=list(SPECIAL_TOKENS))
-    tokenizer.train_from_iterator(list(lines), trainer)
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
     return tokenizer
 
 

@@ -1,10 +1,11 @@
-"""Kill and resume: ``jaxformer train`` SIGKILLed at a random moment (twice: one kill lands
-anywhere, the other right after a checkpoint was announced, i.e. while one is being written),
-then resumed, gives exactly (bit for bit, on CPU) the per-step losses of an uninterrupted run.
+"""Kill and resume: ``jaxformer train`` SIGKILLed at a random moment, then resumed, gives
+exactly (bit for bit, on CPU) the per-step losses of an uninterrupted run.
 
-A checkpoint is written after every step, so most of a step's time is spent saving and a kill
-usually lands inside a save. Dropout is on, so the RNG state must survive too. The three processes
-share a JAX compilation cache, so only the first one compiles the step.
+A checkpoint is written after every step, and a step of this tiny model takes milliseconds while
+a save takes a few hundred, so the kill (a random pause after a random step's metrics line, which
+is written just before that step's save) lands inside a save most of the time; the checkpoint it
+interrupts must then be invisible and the one before it whole. Dropout is on, so the RNG state
+must survive too. The three processes share a JAX compilation cache, so only the first compiles.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 from jaxformer.training.checkpoint import Checkpointer
 
-STEPS = 14
+STEPS = 10
 WORDS = "the a cat dog bird sat ran over under near house tree river red green big".split()
 
 
@@ -37,19 +38,16 @@ def _losses(run_dir):
     return [(r["step"], r["loss"]) for r in map(json.loads, lines)]
 
 
-def _run_until_killed(command, env, run_dir, kill_after_step, during_save):
-    """Start ``command``, SIGKILL it once ``kill_after_step`` steps are recorded (after a
-    random pause, or at once when ``during_save``: the step's checkpoint is being written)."""
+def _run_until_killed(command, env, run_dir, kill_after_step):
+    """Start ``command``; SIGKILL it at a random moment after ``kill_after_step`` steps."""
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 300
     try:
         while time.monotonic() < deadline and process.poll() is None:
-            done = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
-            if done >= kill_after_step:
-                if not during_save:
-                    time.sleep(random.uniform(0.0, 0.3))
+            if metrics.is_file() and len(metrics.read_text().splitlines()) >= kill_after_step:
+                time.sleep(random.uniform(0.0, 0.2))
                 break
             time.sleep(0.005)
         assert process.poll() is None, "the run ended before it could be killed"
@@ -74,16 +72,13 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
     assert [s for s, _ in expected] == list(range(1, STEPS + 1))
 
     run_dir = tmp_path / "killed"
-    first_kill = random.randint(2, STEPS // 2)
-    _run_until_killed(_command(data, run_dir), env, run_dir, first_kill, during_save=False)
-    second_kill = random.randint(first_kill + 2, STEPS - 2)
-    resumed = _command(data, run_dir, "--resume")
-    _run_until_killed(resumed, env, run_dir, second_kill, during_save=True)
+    kill_after = random.randint(2, STEPS - 2)
+    _run_until_killed(_command(data, run_dir), env, run_dir, kill_after)
     kept = Checkpointer(run_dir / "checkpoints").latest_step()
-    assert kept is not None and kept >= first_kill - 1
-    result = subprocess.run(resumed, env=env, capture_output=True, text=True)
+    assert kept is not None and kept >= kill_after - 1
+    assert len(_losses(run_dir)) >= kept  # the killed run's own metrics reach its checkpoint
+    result = subprocess.run(_command(data, run_dir, "--resume"), env=env, capture_output=True,
+                            text=True)
     assert result.returncode == 0, result.stderr
-    got = _losses(run_dir)
-    print(f"\nkilled after step {first_kill} and after step {second_kill}; resumed from "
-          f"step {kept}")
-    assert got == expected  # every step once, every loss bit-identical
+    print(f"\nkilled after step {kill_after}'s metrics; resumed from step {kept}")
+    assert _losses(run_dir) == expected  # every step once, every loss bit-identical

@@ -90,7 +90,7 @@ def test_trajectory_matches_torch(family):
     assert (norms > config.clip_norm).any()  # clipping acted
     np.testing.assert_allclose([j["grad_norm"] for j, _ in rows], norms, rtol=1e-3)
     np.testing.assert_allclose([j["learning_rate"] for j, _ in rows], lr, rtol=1e-6)
-    assert loss_t[-10:].mean() < 0.8 * loss_t[:10].mean()  # it learns
+    assert loss_t[-10:].mean() < 0.9 * loss_t[:10].mean()  # it learns
     # The bounds.
     assert rel[:10].max() <= 1e-5, f"first 10 steps: {rel[:10]}"
     assert rel.max() <= 1e-4, f"step {rel.argmax() + 1}: {rel.max():.2e}"

@@ -31,6 +31,8 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens, do_sample
     ids = torch.as_tensor(input_ids, device=device).long()
     values = {name: torch.as_tensor(value, device=device) if name != "seed" else int(value)
               for name, value in values.as_dict().items()}
+    for name in ("eos_token_ids", "pad_token_id"):
+        values[name] = values[name].long()
     if isinstance(model, GPT):
         mask = (torch.ones_like(ids, dtype=torch.bool) if attention_mask is None
                 else torch.as_tensor(attention_mask, device=device).bool())

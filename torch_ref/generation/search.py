@@ -30,10 +30,9 @@ def _rows(cache, fn):
 def greedy(step_fn, logits, cache, prompt, options: checks.Options, values, streamer=None):
     B, P = prompt.shape
     V = logits.shape[-1]
-    eos = (torch.tensor(options.eos_token_ids, device=prompt.device)
-           if options.eos_token_ids else None)
-    sequences = torch.full((B, P + options.max_new_tokens), options.pad_token_id,
-                           dtype=torch.long, device=prompt.device)
+    eos, pad = values["eos_token_ids"] if options.num_eos else None, values["pad_token_id"]
+    sequences = torch.full((B, P + options.max_new_tokens), int(pad), dtype=torch.long,
+                           device=prompt.device)
     sequences[:, :P] = prompt
     unfinished = torch.ones(B, dtype=torch.bool, device=prompt.device)
     step = 0
@@ -46,7 +45,7 @@ def greedy(step_fn, logits, cache, prompt, options: checks.Options, values, stre
         else:
             tokens = torch.argmax(scores, dim=-1)
         if eos is not None:
-            tokens = torch.where(unfinished, tokens, options.pad_token_id)
+            tokens = torch.where(unfinished, tokens, pad)
             unfinished = unfinished & ~torch.isin(tokens, eos)
         if streamer is not None:
             streamer(tokens.cpu().numpy())
@@ -63,11 +62,11 @@ def beam(step_fn, logits, cache, prompt, options: checks.Options, values):
     V = logits.shape[-1]
     width = P + N
     device = prompt.device
-    eos = torch.tensor(options.eos_token_ids, device=device) if options.eos_token_ids else None
+    eos = values["eos_token_ids"] if options.num_eos else None
     first_nb = (torch.arange(K, device=device) < nb)[None]
     batch_offset = (torch.arange(B, device=device) * nb)[:, None]
 
-    running_sequences = torch.full((B, nb, width), options.pad_token_id, dtype=torch.long,
+    running_sequences = torch.full((B, nb, width), int(values["pad_token_id"]), dtype=torch.long,
                                    device=device)
     running_sequences[:, :, :P] = prompt[:, None, :]
     sequences = running_sequences.clone()

@@ -1,6 +1,6 @@
 """Twin of ``jaxformer/models/encoder_decoder.py``: the encoder-decoder Transformer in PyTorch.
 
-The KV cache is the same plain data as jaxformer's, heads-first ``(B, nh, L, hs)`` here, its
+The KV cache is the same plain data as jaxformer's (heads-first ``(B, nh, L, hs)``), its
 self-attention tensors written in place; ``"index"`` is a Python int.
 """
 

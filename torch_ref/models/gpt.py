@@ -2,8 +2,8 @@
 
 See ``jaxformer/models/gpt.py`` for the masks (``[batch, seq]`` only; the causal mask is built
 inside, a 4-D mask is refused), the position ids (``cumsum(mask) - 1`` at real tokens, 0 at
-padding) and the KV cache. Here the cache's ``"key"``/``"value"`` are heads-first, ``(B, nh, L,
-hs)``, and written in place; ``"index"`` is a Python int.
+padding) and the KV cache. Its ``"key"``/``"value"`` are heads-first ``(B, nh, L, hs)`` as in
+jaxformer, written in place here; ``"index"`` is a Python int.
 """
 
 from __future__ import annotations

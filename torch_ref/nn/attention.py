@@ -65,9 +65,9 @@ def cache_mask(valid, cache_index, q_len: int) -> torch.Tensor:
 
 
 class MultiHeadAttention(nn.Module):
-    """Twin of jaxformer's, cache included. The cache is heads-first here, ``{"key": (B, nh, L,
-    hs), "value": (B, nh, L, hs)}``, and a self-attention call writes its slots into those
-    tensors in place (torch's idiom; jaxformer returns new arrays) before returning them."""
+    """Twin of jaxformer's, cache included: ``{"key": (B, nh, L, hs), "value": (B, nh, L, hs)}``,
+    which a self-attention call writes its slots into in place (torch's idiom; jaxformer returns
+    new arrays) before returning them."""
 
     def __init__(self, config):
         super().__init__()
@@ -91,17 +91,17 @@ class MultiHeadAttention(nn.Module):
     def forward(self, hidden_states, context=None, mask=None, cache=None, cache_index=None):
         B, T, C = hidden_states.shape
         q = self.query(hidden_states).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-        if cache is not None and cache_index is None:  # cross-attention, keys/values cached
-            if context is not None:
-                raise ValueError("cross-attention with a cache reads the context's keys and "
-                                 "values from it: pass context=None")
-            kv = cache
-        else:
+        if cache is None:
             kv = self.key_value(hidden_states if context is None else context)
-            if cache is not None:  # self-attention: write this call's slots, read all of them
+        else:
+            if context is not None:
+                raise ValueError("attention with a cache takes no context: cross-attention "
+                                 "reads the context's keys and values from the cache")
+            if cache_index is not None:  # self-attention: write this call's slots, read them all
+                new = self.key_value(hidden_states)
                 for name in ("key", "value"):
-                    cache[name][:, :, cache_index:cache_index + T] = kv[name]
-                kv = cache
+                    cache[name][:, :, cache_index:cache_index + T] = new[name]
+            kv = cache
         y = attention(q, kv["key"], kv["value"], mask, self.attention_dropout,
                       self.implementation)  # (B, nh, T, hs)
         out = self.output(y.transpose(1, 2).reshape(B, T, C))
