@@ -67,20 +67,25 @@ def both(path: str, old: str, new: str, torch_old: str | None = None,
              new if torch_new is None else torch_new))
 
 
+# jaxformer/nn/attention.py has two einsum paths (uncached, and cached decoding) with the same
+# lines; these anchors pick the uncached one, the one every model call without a cache takes.
+SCALE = "scores = scores / math.sqrt(q.shape[-1])  # (B, nh, T, S)"
+SOFTMAX = SCALE + "\n    if mask is not None:\n        scores = jnp.where(mask, scores, " \
+    "MASK_VALUE)\n    weights = jax.nn.softmax(scores, axis=-1)"
+DROP = '        weights = dropout(weights)\n    return jnp.einsum("bhts,bshd->bthd"'
+
 MUTANTS = [
     # --- attention -------------------------------------------------------------------------
     Mutant("attention_scale_sqrt_hidden",  # seed 002's sqrt(embed_size), jax einsum path
-           ((J + ATTN, "scores = scores / math.sqrt(q.shape[-1])",
-             "scores = scores / math.sqrt(q.shape[-1] * q.shape[-2])"),),
+           ((J + ATTN, SCALE, SCALE.replace("q.shape[-1]", "q.shape[-1] * q.shape[-2]")),),
            (T_ATTN + "::test_attention_matches_torch_sdpa_math",)),
     Mutant("attention_scale_both_einsum_paths",
-           both(ATTN, "scores = scores / math.sqrt(q.shape[-1])",
-                "scores = scores / math.sqrt(q.shape[-1] * q.shape[-2])",
+           both(ATTN, SCALE, SCALE.replace("q.shape[-1]", "q.shape[-1] * q.shape[-2]"),
                 "/ math.sqrt(q.shape[-1])", "/ math.sqrt(q.shape[-1] * q.shape[1])"),
            (T_ATTN + "::test_multi_head_attention_matches_torch",
             T_ATTN + "::test_attention_matches_torch_sdpa_math")),
     Mutant("softmax_over_queries",  # seed 002's softmax axis
-           ((J + ATTN, "jax.nn.softmax(scores, axis=-1)", "jax.nn.softmax(scores, axis=-2)"),),
+           ((J + ATTN, SOFTMAX, SOFTMAX.replace("axis=-1", "axis=-2")),),
            (T_ATTN + "::test_attention_matches_torch_sdpa_math",)),
     Mutant("causal_mask_off_by_one_both_sides",
            ((J + MASKS, "k=k_len - q_len)[None, None]", "k=k_len - q_len + 1)[None, None]"),
@@ -167,8 +172,9 @@ MUTANTS = [
                 "x = self.self_attention_norm(self.dropout(x) + h)"),
            (T_ED + "::test_model_parity", T_DROP)),
     Mutant("attention_dropout_not_rescaled_both_sides",
-           both(ATTN, "        weights = dropout(weights)\n",
-                "        weights = dropout(weights) * (1 - dropout.rate)\n", None,
+           both(ATTN, DROP,
+                DROP.replace("dropout(weights)", "dropout(weights) * (1 - dropout.rate)"),
+                "        weights = dropout(weights)\n",
                 "        weights = dropout(weights) * (1 - dropout.p)\n"),
            (T_ATTN + "::test_attention_dropout_needs_einsum",
             T_ATTN + "::test_multi_head_attention_dropout_train_mode", T_DROP)),

@@ -141,7 +141,7 @@ def run(args) -> int:
             log_every=args.log_every, peak_tflops=args.peak_tflops, compile=args.compile,
             export_hf=args.export_hf)
         result = loop.train(config, options)
-    except (TrainConfigError, DataError, loop.ResumeError, ValueError, TypeError) as error:
+    except (TrainConfigError, DataError, loop.ResumeError, ValueError) as error:
         print(f"jaxformer train: error: {error}", file=sys.stderr)
         return 2
     except loop.TrainingDiverged as error:

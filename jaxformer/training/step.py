@@ -49,12 +49,6 @@ def _initializer(family: str, model_config):
     return nnx.graphdef(nnx.eval_shape(lambda: make(0))), jax.jit(lambda s: nnx.state(make(s)))
 
 
-def tokens_in(batch: dict) -> int:
-    """Token positions a batch feeds the model (padding included)."""
-    keys = ("src_ids", "tgt_ids") if "src_ids" in batch else ("input_ids",)
-    return int(sum(np.size(batch[k]) for k in keys))
-
-
 class TrainStep:
     """``step(batch) -> {"loss", "grad_norm", "learning_rate"}`` for one optimizer update.
 

@@ -43,7 +43,7 @@ def test_train_gpt_writes_progress_metrics_png_and_checkpoints(gpt_run, capsys):
     data, run_dir = gpt_run
     assert train("--family", "gpt", "--preset", "tiny", "--data", data, "--steps", 50,
                  "--checkpoint-dir", run_dir, "--checkpoint-every", 20,
-                 "--export-hf", run_dir / "hf") == 0
+                 "--export-hf", run_dir / "hf", "--peak-tflops", 0.5) == 0
     out = capsys.readouterr().out
     # Not a terminal here: plain progress lines (a bar is the default on a terminal).
     assert re.search(r"^step 1/50  loss \d+\.\d+  lr ", out, re.M)
@@ -52,8 +52,9 @@ def test_train_gpt_writes_progress_metrics_png_and_checkpoints(gpt_run, capsys):
     assert [r["step"] for r in records] == list(range(1, 51))
     for r in records:
         assert {"step", "loss", "learning_rate", "grad_norm", "seconds", "tokens_per_s",
-                "model_tflops_per_s"} <= r.keys()
+                "model_tflops_per_s", "mfu"} <= r.keys()
         assert np.isfinite(r["loss"]) and r["tokens_per_s"] > 0
+        assert r["mfu"] == pytest.approx(r["model_tflops_per_s"] / 0.5)
     assert np.mean([r["loss"] for r in records[-5:]]) < records[0]["loss"] - 0.5  # it learns
     assert (run_dir / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert Checkpointer(run_dir / "checkpoints").steps() == [20, 40, 50]
@@ -123,21 +124,27 @@ def test_jax_and_torch_print_matching_losses(tmp_path, capsys):
     data = write_corpus(tmp_path / "labels.txt", tabs=True)
     common = ["--family", "classifier", "--data", data, "--steps", 12, "--dropout", 0,
               "--seq-len", 24, "--batch-size", 4, "--warmup", 3, "--schedule", "cosine",
-              "--clip", 0.5, "--weight-decay", 0.1, "--no-decay-embeddings"]
+              "--clip", 0.5, "--weight-decay", 0.1, "--no-decay-embeddings", "--eval-every", 6]
     assert train(*common, "--checkpoint-dir", tmp_path / "jax", "--progress", "plain",
                  "--log-every", 1) == 0
-    printed_jax = re.findall(r"loss (\d+\.\d+)", capsys.readouterr().out)
+    printed_jax = re.findall(r"(?<!eval_)loss (\d+\.\d+)", capsys.readouterr().out)
     assert train(*common, "--checkpoint-dir", tmp_path / "torch", "--framework", "torch",
                  "--progress", "bar") == 0
     bar = capsys.readouterr().err
     assert "12/12" in bar and "classifier (torch)" in bar  # the tqdm bar
-    jax_loss, torch_loss = (
-        np.array([json.loads(line)["loss"] for line in
-                  (tmp_path / name / "metrics.jsonl").read_text().splitlines()])
+    jax_records, torch_records = (
+        [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         for name in ("jax", "torch"))
+    jax_loss, torch_loss = (np.array([r["loss"] for r in records])
+                            for records in (jax_records, torch_records))
     assert len(printed_jax) == 12
     np.testing.assert_allclose(np.array(printed_jax, float), jax_loss, atol=1e-6)
     np.testing.assert_allclose(jax_loss, torch_loss, rtol=1e-5)
+    # The eval steps (eval mode, held-out examples) agree too.
+    evals = [[(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
+             for records in (jax_records, torch_records)]
+    assert [s for s, _ in evals[0]] == [s for s, _ in evals[1]] == [6, 12]
+    np.testing.assert_allclose([e for _, e in evals[0]], [e for _, e in evals[1]], rtol=1e-5)
     assert TorchCheckpointer(tmp_path / "torch" / "checkpoints").steps() == [12]
 
 

@@ -33,11 +33,6 @@ def build_model(family: str, model_config, seed: int) -> nn.Module:
     return MODELS[family](model_config)
 
 
-def tokens_in(batch: dict) -> int:
-    keys = ("src_ids", "tgt_ids") if "src_ids" in batch else ("input_ids",)
-    return int(sum(np.size(batch[k]) for k in keys))
-
-
 def _to_tensors(batch: dict, device=None) -> dict[str, torch.Tensor]:
     return {key: torch.as_tensor(np.asarray(value), device=device).long()
             for key, value in batch.items()}
