@@ -20,7 +20,11 @@ from jaxformer import embed as embed_module
 
 
 def _parity(args) -> int:
-    from jaxformer import parity
+    try:
+        from jaxformer import parity
+    except ImportError as error:  # torch missing: one line naming the extra, not a traceback
+        print(f"jaxformer parity: {error}", file=sys.stderr)
+        return 2
 
     families = args.family or parity.available_families()
     unknown = sorted(set(families) - set(parity.available_families()))

@@ -144,6 +144,12 @@ def run(args) -> int:
     except (TrainConfigError, DataError, loop.ResumeError, ValueError) as error:
         print(f"jaxformer train: error: {error}", file=sys.stderr)
         return 2
+    except ImportError as error:
+        if args.framework != "torch" or "torch" not in str(error):
+            raise
+        print("jaxformer train: error: --framework torch needs torch: pip install "
+              "'jaxformer[torch]'", file=sys.stderr)
+        return 2
     except loop.TrainingDiverged as error:
         print(f"jaxformer train: {error}", file=sys.stderr)
         return 1
