@@ -18,8 +18,8 @@ from jaxformer.config import BertConfig, GPTConfig, TransformerConfig
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("checkpoints", "cli", "config", "embed", "models", "nn", "numerics", "parity",
-               "validate")
+_SUBMODULES = ("checkpoints", "cli", "config", "embed", "generation", "models", "nn", "numerics",
+               "parity", "training", "validate")
 
 # Modules of the first release, now in their folders: `from jaxformer.bert import BertModel`,
 # `from jaxformer import bert` and `import torch_ref.bert` keep working (with a DeprecationWarning

@@ -61,6 +61,7 @@ JAX_ONLY = {
     "training/data.py": "host-side numpy batches: both frameworks train on the very same data",
     "training/loop.py": "one training loop that drives either framework's step",
     "training/command.py": "the `jaxformer train` command",
+    "generation/cli.py": "the `jaxformer generate` command (it runs either framework's generate)",
 }
 
 # One-sided differences that are meant, per module: (side, what) -> reason. ``what`` is written
