@@ -43,7 +43,7 @@ def assert_close(expected, actual, where=None, tol: float = FORWARD_RTOL, what: 
 
 
 def twin_pair(torch_cls, jax_cls, config, seed: int = 0):
-    """The torch twin built from ``seed`` and the NNX model loaded with its weights, both in eval."""
+    """The torch twin built from ``seed`` and the NNX model loaded with its weights, in eval."""
     torch.manual_seed(seed)
     torch_model = torch_cls(config).eval()
     jax_model = convert.abstract_model(lambda: jax_cls(config, rngs=nnx.Rngs(seed + 1)))

@@ -16,10 +16,10 @@ import pytest
 import torch
 from flax import nnx
 
-from parity_tests.helpers import twin_pair
-from jaxformer.models import bert as jb
 from jaxformer import validate
 from jaxformer.config import BertConfig, GPTConfig, TransformerConfig
+from jaxformer.models import bert as jb
+from parity_tests.helpers import twin_pair
 from torch_ref.models import bert as tb
 
 TINY = BertConfig.tiny()  # vocab 99, type_vocab 3, 64 positions

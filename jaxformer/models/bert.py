@@ -1,4 +1,6 @@
-"""BERT (Devlin et al., 2018) in Flax NNX: seeds 000, 001 and 003. Twin: ``torch_ref/models/bert.py``.
+"""BERT (Devlin et al., 2018) in Flax NNX: seeds 000, 001 and 003.
+
+Twin: ``torch_ref/models/bert.py``.
 
 Embeddings (token + segment + learned position, LayerNorm, dropout) -> a stack of post-LN
 Transformer blocks -> the pooler (``[CLS]`` -> dense -> tanh), with the masked-LM and
@@ -13,8 +15,8 @@ from flax import nnx
 from jaxformer import validate
 from jaxformer.config import BertConfig
 from jaxformer.nn.layers import ACTIVATIONS, TransformerBlock
-from jaxformer.nn.params import embedding, layer_norm, linear
 from jaxformer.nn.masks import padding_mask
+from jaxformer.nn.params import embedding, layer_norm, linear
 
 
 class BertEmbeddings(nnx.Module):

@@ -24,13 +24,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.flatten_util import ravel_pytree
 
-from parity_tests.helpers import (GRAD_RTOL, JIT_TOL, MASK_KINDS, assert_close, make_attention_mask,
-                      max_rel_diff, to_numpy)
-from jaxformer.models import bert as jb
 from jaxformer.checkpoints import convert
-from jaxformer.nn import layers as jl
 from jaxformer.config import BertConfig
+from jaxformer.models import bert as jb
+from jaxformer.nn import layers as jl
 from jaxformer.nn.masks import padding_mask
+from parity_tests.helpers import (
+    GRAD_RTOL,
+    JIT_TOL,
+    MASK_KINDS,
+    assert_close,
+    make_attention_mask,
+    max_rel_diff,
+    to_numpy,
+)
 from torch_ref.models import bert as tb
 from torch_ref.nn import layers as tl
 

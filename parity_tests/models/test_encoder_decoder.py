@@ -30,13 +30,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from parity_tests.helpers import (JIT_TOL, MASK_KINDS, assert_close, make_attention_mask,
-                      max_rel_diff, to_numpy, twin_pair)
 from jaxformer.checkpoints import convert
+from jaxformer.config import TransformerConfig
 from jaxformer.models import encoder_decoder as jed
 from jaxformer.nn import masks as jmasks
-from jaxformer.config import TransformerConfig
 from jaxformer.numerics import sinusoidal_positions
+from parity_tests.helpers import (
+    JIT_TOL,
+    MASK_KINDS,
+    assert_close,
+    make_attention_mask,
+    max_rel_diff,
+    to_numpy,
+    twin_pair,
+)
 from torch_ref.models import encoder_decoder as ted
 from torch_ref.nn import masks as tmasks
 

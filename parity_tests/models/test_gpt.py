@@ -20,16 +20,23 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from parity_tests.helpers import (GRAD_RTOL, JIT_TOL, assert_close, make_attention_mask, max_rel_diff,
-                      to_numpy, twin_pair)
 from flax import nnx
 from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxformer.checkpoints import convert
+from jaxformer.config import GPTConfig
 from jaxformer.models import gpt as jgpt
 from jaxformer.nn import layers as jlayers
-from jaxformer.config import GPTConfig
+from parity_tests.helpers import (
+    GRAD_RTOL,
+    JIT_TOL,
+    assert_close,
+    make_attention_mask,
+    max_rel_diff,
+    to_numpy,
+    twin_pair,
+)
 from torch_ref.models import gpt as tgpt
 from torch_ref.nn import layers as tlayers
 

@@ -25,12 +25,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from parity_tests.helpers import (JIT_TOL, MASK_KINDS, assert_close, make_attention_mask, max_rel_diff,
-                      to_numpy)
 from jaxformer.checkpoints import convert
-from jaxformer.nn import attention as jl
 from jaxformer.config import BertConfig
+from jaxformer.nn import attention as jl
 from jaxformer.nn.masks import MASK_VALUE, causal_mask, combine_masks, padding_mask
+from parity_tests.helpers import (
+    JIT_TOL,
+    MASK_KINDS,
+    assert_close,
+    make_attention_mask,
+    max_rel_diff,
+    to_numpy,
+)
 from torch_ref.nn import attention as tl
 
 IMPLEMENTATIONS = ("xla", "einsum")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from parity_tests.helpers import MASK_KINDS, make_attention_mask
 from jaxformer.nn import masks as jm
+from parity_tests.helpers import MASK_KINDS, make_attention_mask
 from torch_ref.nn import masks as tm
 
 

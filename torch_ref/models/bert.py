@@ -11,8 +11,8 @@ from torch import nn
 from jaxformer import validate
 from jaxformer.config import BertConfig
 from torch_ref.nn.layers import ACTIVATIONS, TransformerBlock
-from torch_ref.nn.params import init_weights, layer_norm
 from torch_ref.nn.masks import padding_mask
+from torch_ref.nn.params import init_weights, layer_norm
 
 
 class BertEmbeddings(nn.Module):

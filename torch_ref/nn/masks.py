@@ -1,4 +1,4 @@
-"""Twin of ``jaxformer/nn/masks.py``: boolean ``[batch, 1, q_len, k_len]`` masks, True = may attend."""
+"""Twin of ``jaxformer/nn/masks.py``: boolean ``[batch, 1, q_len, k_len]`` masks, True = attend."""
 
 from __future__ import annotations
 
