@@ -6,6 +6,8 @@
                      cosine-similarity matrix.
   jaxformer train    trains a family on a text file, in JAX or with the PyTorch twin, with
                      metrics, a loss-curve PNG and checkpoints (see docs/training.md).
+  jaxformer generate text from a Hugging Face GPT-2 directory with a KV cache: greedy, sampling
+                     or beam search, streamed as it is produced (see docs/generation.md).
 
 Unknown arguments are reported with the usage of the subcommand they were given to.
 """
@@ -88,7 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     train_command.add_arguments(train)
     train.set_defaults(func=train_command.run)
-    parser.subcommands = {"parity": parity, "embed": embed, "train": train}
+
+    from jaxformer.generation import cli as generate_command
+
+    generate = commands.add_parser(
+        "generate", help="generate text from a GPT-2 directory (JAX or the PyTorch twin)",
+        description=generate_command.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    generate_command.add_arguments(generate)
+    generate.set_defaults(func=generate_command.run)
+    parser.subcommands = {"parity": parity, "embed": embed, "train": train,
+                          "generate": generate}
     return parser
 
 

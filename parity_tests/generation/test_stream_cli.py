@@ -8,12 +8,11 @@ the decoded tokens of ``generate``, and it ends with a tokens/s summary.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from jaxformer import cli as jaxformer_cli
 from jaxformer.checkpoints import hf
 from jaxformer.generation import cli
 from jaxformer.generation import generate as jax_generate
@@ -69,9 +68,8 @@ def model_dir(tmp_path_factory):
 
 
 def run_cli(argv) -> int:
-    parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
-    return cli.run(parser.parse_args(argv))
+    """Through the `jaxformer` command itself, so that its wiring is tested too."""
+    return jaxformer_cli.main(["generate", *argv])
 
 
 def test_generate_command_streams_what_generate_returns(model_dir, capsys):
