@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from flax import nnx
@@ -42,10 +44,34 @@ def assert_close(expected, actual, where=None, tol: float = FORWARD_RTOL, what: 
     assert diff <= tol, f"{what}: scale-relative max abs diff {diff:.3g} > {tol:g}"
 
 
-def twin_pair(torch_cls, jax_cls, config, seed: int = 0):
-    """The torch twin built from ``seed`` and the NNX model loaded with its weights, in eval."""
+def randomize(module: torch.nn.Module, seed: int, spread: float = 0.2) -> torch.nn.Module:
+    """Re-draw every parameter far from the N(0, 0.02) initialisation, so that attention is sharp,
+    masks matter and no scale or bias is trivially 1 or 0: Linear weights N(0, 1/fan_in),
+    embeddings 0.5 N(0, 1), LayerNorm scales 1 + spread N(0, 1), biases spread N(0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            owner = module.get_submodule(name.rpartition(".")[0])
+            noise = torch.randn(p.shape, generator=gen)
+            if isinstance(owner, torch.nn.LayerNorm) and name.endswith("weight"):
+                p.copy_(1.0 + spread * noise)
+            elif p.ndim == 1:
+                p.copy_(spread * noise)
+            elif isinstance(owner, torch.nn.Linear):
+                p.copy_(noise / math.sqrt(p.shape[1]))
+            else:  # nn.Embedding
+                p.copy_(0.5 * noise)
+    return module
+
+
+def twin_pair(torch_cls, jax_cls, config, seed: int = 0, randomized: bool = False):
+    """The torch twin built from ``seed`` (its weights :func:`randomize`-d if ``randomized``) and
+    the NNX model loaded with its weights, both in eval."""
     torch.manual_seed(seed)
-    torch_model = torch_cls(config).eval()
+    torch_model = torch_cls(config)
+    if randomized:
+        randomize(torch_model, seed)
+    torch_model.eval()
     jax_model = convert.abstract_model(lambda: jax_cls(config, rngs=nnx.Rngs(seed + 1)))
     convert.torch_to_nnx(torch_model.state_dict(), jax_model)
     jax_model.eval()

@@ -82,6 +82,10 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
         (TORCH, "function init_weights"):
             "torch layers come with torch's own initialisers: one pass replaces them afterwards",
     },
+    "nn/attention.py": {
+        (JAX, "einsum_attention(heads_first_kv)"):
+            "JAX attends (B, T, nh, hs) keys, the cache holds (B, nh, L, hs); torch is heads-first",
+    },
     "nn/masks.py": {
         (TORCH, "causal_mask(device)"):
             "torch builds a tensor on a device given by the caller; JAX places arrays itself",

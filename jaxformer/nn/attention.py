@@ -25,17 +25,19 @@ def fused_attention(q, k, v, mask, dropout, *, implementation: str):
     return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
 
 
-def einsum_attention(q, k, v, mask, dropout):
+def einsum_attention(q, k, v, mask, dropout, *, heads_first_kv: bool = False):
     """The explicit path: scores in float32, masked scores set to MASK_VALUE, softmax over keys,
-    dropout on the probabilities (the only path that can drop them)."""
-    scores = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32)
+    dropout on the probabilities (the only path that can drop them). ``heads_first_kv``: keys
+    and values are ``(B, nh, S, hs)``, the KV cache's layout (see ``MultiHeadAttention``)."""
+    kv = "bhsd" if heads_first_kv else "bshd"
+    scores = jnp.einsum(f"bthd,{kv}->bhts", q, k, preferred_element_type=jnp.float32)
     scores = scores / math.sqrt(q.shape[-1])  # (B, nh, T, S)
     if mask is not None:
         scores = jnp.where(mask, scores, MASK_VALUE)
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     if dropout is not None:
         weights = dropout(weights)
-    return jnp.einsum("bhts,bshd->bthd", weights, v)  # (B, T, nh, hs)
+    return jnp.einsum(f"bhts,{kv}->bthd", weights, v)  # (B, T, nh, hs)
 
 
 # config.attention_implementation -> function; "auto" is resolved in `attention`.
@@ -67,21 +69,6 @@ def _active(dropout: nnx.Dropout | None) -> nnx.Dropout | None:
     """The dropout module when it would drop something, else None."""
     return dropout if dropout is not None and not dropout.deterministic and dropout.rate > 0 \
         else None
-
-
-def _cached_attention(q, k, v, mask, dropout):
-    """Attention of ``(B, T, nh, hs)`` queries over a heads-first ``(B, nh, L, hs)`` cache, the
-    layout batched matmuls read directly (``jax.nn.dot_product_attention`` takes ``(B, L, nh,
-    hs)`` keys and had XLA transpose the whole cache at every step). Flash attention brings
-    nothing to a few queries, so the config's ``implementation`` applies to uncached calls only."""
-    scores = jnp.einsum("bthd,bhsd->bhts", q, k, preferred_element_type=jnp.float32)
-    scores = scores / math.sqrt(q.shape[-1])  # (B, nh, T, L)
-    if mask is not None:
-        scores = jnp.where(mask, scores, MASK_VALUE)
-    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    if dropout is not None:
-        weights = dropout(weights)
-    return jnp.einsum("bhts,bhsd->bthd", weights, v)  # (B, T, nh, hs)
 
 
 def cache_mask(valid, cache_index, q_len: int) -> jnp.ndarray:
@@ -146,6 +133,10 @@ class MultiHeadAttention(nnx.Module):
             cache = {name: jax.lax.dynamic_update_slice(
                 cache[name], new[name].astype(cache[name].dtype), (0, 0, cache_index, 0))
                 for name in ("key", "value")}
-        y = _cached_attention(q, cache["key"], cache["value"], mask,
-                              _active(self.attention_dropout))  # (B, T, nh, hs)
+        # The cache is heads-first, the layout batched matmuls read directly
+        # (jax.nn.dot_product_attention takes (B, L, nh, hs) keys and had XLA transpose the whole
+        # cache at every step); flash attention brings nothing to a few queries, so the config's
+        # implementation applies to uncached calls only.
+        y = einsum_attention(q, cache["key"], cache["value"], mask,
+                             _active(self.attention_dropout), heads_first_kv=True)
         return self.output(y.reshape(B, T, C)), cache

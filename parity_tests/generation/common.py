@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -14,8 +13,8 @@ import torch
 import transformers
 from flax import nnx
 
-from jaxformer.checkpoints import convert
 from jaxformer.config import GPTConfig, TransformerConfig
+from parity_tests.helpers import twin_pair
 
 transformers.utils.logging.disable_progress_bar()
 transformers.utils.logging.set_verbosity_error()
@@ -32,35 +31,11 @@ SEQ2SEQ_PRE_LN = dataclasses.replace(  # learned positions, shared and tied, pre
 MIN_GAP = 1e-3  # near-tie guard: smallest top-2 logit gap at a compared decision
 
 
-def randomize(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Weights at a scale where logits are decisive (order 10) and every parameter matters:
-    LayerNorm 1 + 0.2 N(0, 1), biases 0.2 N(0, 1), Linear N(0, 1/fan_in), embeddings
-    0.5 N(0, 1)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            owner = module.get_submodule(name.rpartition(".")[0])
-            noise = torch.randn(p.shape, generator=g)
-            if isinstance(owner, torch.nn.LayerNorm) and name.endswith("weight"):
-                p.copy_(1.0 + 0.2 * noise)
-            elif name.endswith("bias"):
-                p.copy_(0.2 * noise)
-            elif isinstance(owner, torch.nn.Linear):
-                p.copy_(noise / math.sqrt(p.shape[1]))
-            else:
-                p.copy_(0.5 * noise)
-    return module.eval()
-
-
 @functools.lru_cache(maxsize=None)
 def model_pair(torch_cls, jax_cls, config, seed: int = 0):
-    """(torch_ref model, jaxformer model) with the same randomized weights, both in eval."""
-    torch.manual_seed(seed)
-    torch_model = randomize(torch_cls(config), seed)
-    jax_model = convert.abstract_model(lambda: jax_cls(config, rngs=nnx.Rngs(seed)))
-    convert.torch_to_nnx(torch_model.state_dict(), jax_model)
-    jax_model.eval()
-    return torch_model, jax_model
+    """(torch_ref model, jaxformer model) with the same randomized weights, both in eval; cached,
+    so tests only read them."""
+    return twin_pair(torch_cls, jax_cls, config, seed, randomized=True)
 
 
 def hf_gpt2(seed: int = 0, **overrides) -> transformers.GPT2LMHeadModel:

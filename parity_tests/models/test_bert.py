@@ -36,6 +36,7 @@ from parity_tests.helpers import (
     assert_close,
     make_attention_mask,
     max_rel_diff,
+    randomize,
     to_numpy,
 )
 from torch_ref.models import bert as tb
@@ -54,18 +55,6 @@ B, T = 3, 7  # one shape for most tests: fewer compilations on a 2-core CPU
 # helpers
 
 
-def randomize_(module: torch.nn.Module, seed: int, std: float = 0.3) -> torch.nn.Module:
-    """Every parameter random (LayerNorm scales around 1), so no bias or scale is trivially 0/1."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=gen) * std
-            owner = module.get_submodule(name.rpartition(".")[0])
-            p.copy_(1 + noise if isinstance(owner, torch.nn.LayerNorm) and
-                    name.endswith("weight") else noise)
-    return module
-
-
 def load_nnx(jax_cls, config, state_dict, seed: int = 0):
     """The NNX model holding ``state_dict``, built without running its random initialisers
     (``convert.abstract_model``); the ordinary construction path is exercised by the dropout
@@ -76,12 +65,12 @@ def load_nnx(jax_cls, config, state_dict, seed: int = 0):
     return model
 
 
-def twins(torch_cls, jax_cls, config, seed: int = 0, randomize: bool = True):
+def twins(torch_cls, jax_cls, config, seed: int = 0, randomized: bool = True):
     """(torch twin, NNX model with its weights), both in eval mode."""
     torch.manual_seed(seed)
     torch_model = torch_cls(config)
-    if randomize:
-        randomize_(torch_model, seed)
+    if randomized:
+        randomize(torch_model, seed)
     torch_model.eval()
     return torch_model, load_nnx(jax_cls, config, torch_model.state_dict(), seed)
 
@@ -361,7 +350,7 @@ def test_jit_equals_eager():
     there is ~5e-7, and the few ulps by which XLA's fused and unfused roundings differ (each as
     far from a float64 run as the other) exceed 1e-6 of the tanh output's unit scale.
     """
-    _, model = twins(tb.BertModel, jb.BertModel, TINY, randomize=False)
+    _, model = twins(tb.BertModel, jb.BertModel, TINY, randomized=False)
     input_ids, token_type_ids, attention_mask = inputs(TINY, kind="right_padding")
     args = (j(input_ids), j(token_type_ids), j(attention_mask))
     eager = model(*args)
@@ -434,7 +423,7 @@ def test_seed_000_simple_bert_example():
     config = dataclasses.replace(BertConfig.simple_bert(), vocab_size=1000, num_layers=2)
     assert (config.hidden_size, config.num_heads, config.intermediate_size,
             config.max_position_embeddings, config.type_vocab_size) == (128, 4, 256, 512, 2)
-    torch_model, jax_model = twins(tb.BertModel, jb.BertModel, config, randomize=False)
+    torch_model, jax_model = twins(tb.BertModel, jb.BertModel, config, randomized=False)
     torch.manual_seed(0)
     input_ids = torch.randint(0, 1000, (2, 6))
     token_type_ids = torch.zeros(2, 6, dtype=torch.long)
@@ -452,7 +441,7 @@ def test_seed_003_d2l_bert_example():
     assert (config.vocab_size, config.hidden_size, config.intermediate_size, config.num_heads,
             config.num_layers) == (10000, 768, 1024, 4, 2)
     torch_model, jax_model = twins(tb.BertForPreTraining, jb.BertForPreTraining, config,
-                                   randomize=False)
+                                   randomized=False)
     torch.manual_seed(0)
     tokens = torch.randint(0, config.vocab_size, (2, 8))
     segments = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1]])
@@ -619,7 +608,7 @@ def test_embedding_dropout_rate_and_scaling():
 def test_dropout_determinism_and_train_eval():
     config = dataclasses.replace(TINY, dropout_rate=0.3, attention_dropout_rate=0.3)
     torch.manual_seed(3)
-    torch_model = randomize_(tb.BertModel(config), 3).eval()
+    torch_model = randomize(tb.BertModel(config), 3).eval()
     # The ordinary construction path: dropout streams forked from nnx.Rngs(seed).
     models = [jb.BertModel(config, rngs=nnx.Rngs(seed)) for seed in (3, 3, 4)]
     for m in models:  # same weights everywhere; a and b share the rng seed, c has another

@@ -50,8 +50,8 @@ from jaxformer.models import bert as jb
 from jaxformer.models import encoder_decoder as jed
 from jaxformer.models import gpt as jg
 from jaxformer.nn.jit import jitted
-from parity_tests.helpers import FORWARD_RTOL, max_rel_diff
-from parity_tests.models.test_invariance import randomize
+from parity_tests.helpers import FORWARD_RTOL, max_rel_diff, randomize
+from parity_tests.models.test_invariance import SPREAD
 from torch_ref.models import bert as tb
 from torch_ref.models import encoder_decoder as ted
 from torch_ref.models import gpt as tg
@@ -116,7 +116,7 @@ def as_tuple(out):
 def test_bfloat16_model(family):
     torch_cls, jax_cls, config = FAMILIES[family]
     torch.manual_seed(0)
-    torch_model = randomize(torch_cls(config), 0).eval()
+    torch_model = randomize(torch_cls(config), 0, SPREAD).eval()
     state = torch_model.state_dict()
     args = inputs(family)
     real = args.get("attention_mask", args.get("tgt_mask")).astype(bool)

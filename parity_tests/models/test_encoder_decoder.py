@@ -41,6 +41,7 @@ from parity_tests.helpers import (
     assert_close,
     make_attention_mask,
     max_rel_diff,
+    randomize,
     to_numpy,
     twin_pair,
 )
@@ -65,22 +66,6 @@ B, S, T = 3, 8, 7  # one shape for most tests: eager JAX compiles each op once p
 # helpers
 
 
-def randomize_(model: nn.Module, seed: int) -> nn.Module:
-    """Re-draw every parameter: matrices N(0, 0.2), biases N(0, 0.1), LayerNorm scales
-    1 + N(0, 0.1). Sharper attention than the N(0, 0.02) initialisation, so masks matter."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if "norm" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.1 * noise)
-            elif p.ndim == 1:
-                p.copy_(0.1 * noise)
-            else:
-                p.copy_(0.2 * noise)
-    return model
-
-
 @functools.lru_cache(maxsize=None)
 def pair(name: str, seed: int = 0):
     """(torch_ref model, jaxformer model) with the same randomised weights, both in eval mode.
@@ -89,7 +74,7 @@ def pair(name: str, seed: int = 0):
     """
     config = CONFIGS[name]
     torch.manual_seed(seed)
-    torch_model = randomize_(ted.Transformer(config), seed).eval()
+    torch_model = randomize(ted.Transformer(config), seed).eval()
     jax_model = jed.Transformer(config, rngs=nnx.Rngs(seed))
     convert.torch_to_nnx(torch_model.state_dict(), jax_model)
     jax_model.eval()
@@ -493,7 +478,7 @@ def build_nn_transformer(config: TransformerConfig, seed: int) -> nn.Transformer
                                num_decoder_layers=config.num_decoder_layers,
                                custom_encoder=encoder)
     assert reference.decoder.norm.eps == eps and reference.encoder.layers[0].norm1.eps == eps
-    return randomize_(reference, seed).eval()
+    return randomize(reference, seed).eval()
 
 
 @pytest.mark.parametrize("src_kind", ["none", "right_padding", "left_padding"])
@@ -506,7 +491,7 @@ def test_matches_torch_nn_transformer(pre_norm, src_kind):
     tgt_kind = "none" if src_kind == "none" else "right_padding"
     reference = build_nn_transformer(config, seed=5)
     torch.manual_seed(0)
-    ours_t = randomize_(ted.Transformer(config), 6).eval()
+    ours_t = randomize(ted.Transformer(config), 6).eval()
     ours_t.load_state_dict(nn_transformer_state_dict(reference, ours_t.state_dict()), strict=True)
     ours_j = jed.Transformer(config, rngs=nnx.Rngs(0))
     convert.torch_to_nnx(ours_t.state_dict(), ours_j)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -54,33 +53,9 @@ B, T = 3, 8  # one shape nearly everywhere: each new shape costs a compilation
 
 # ----------------------------------------------------------------------------- helpers
 
-def randomize(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Parameters at a scale where every one of them moves the output: LayerNorm 1 + 0.2 N(0, 1)
-    / 0.2 N(0, 1), Linear weights N(0, 1/fan_in), biases 0.2 N(0, 1), embeddings 0.5 N(0, 1)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            owner = module.get_submodule(name.rpartition(".")[0])
-            noise = torch.randn(p.shape, generator=g)
-            if isinstance(owner, torch.nn.LayerNorm) and name.endswith("weight"):
-                p.copy_(1.0 + 0.2 * noise)
-            elif name.endswith("bias"):
-                p.copy_(0.2 * noise)
-            elif isinstance(owner, torch.nn.Linear):
-                p.copy_(noise / math.sqrt(p.shape[1]))
-            else:  # nn.Embedding
-                p.copy_(0.5 * noise)
-    return module
-
-
 def make_pair(torch_cls, jax_cls, config, seed: int = 0):
     """Torch module with randomized weights and its NNX twin loaded from them, both in eval."""
-    torch.manual_seed(seed)
-    torch_model = randomize(torch_cls(config), seed).eval()
-    jax_model = jax_cls(config, rngs=nnx.Rngs(seed + 1))
-    convert.torch_to_nnx(torch_model.state_dict(), jax_model)
-    jax_model.eval()
-    return torch_model, jax_model
+    return twin_pair(torch_cls, jax_cls, config, seed, randomized=True)
 
 
 @functools.lru_cache(maxsize=None)

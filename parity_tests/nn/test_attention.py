@@ -35,6 +35,7 @@ from parity_tests.helpers import (
     assert_close,
     make_attention_mask,
     max_rel_diff,
+    randomize,
     to_numpy,
 )
 from torch_ref.nn import attention as tl
@@ -272,20 +273,8 @@ def test_attention_dropout_needs_einsum():
 CONFIG = BertConfig.tiny()  # hidden 32, 4 heads of 8
 
 
-def randomize_(module: torch.nn.Module, seed: int, std: float = 0.3) -> torch.nn.Module:
-    """Every parameter random (LayerNorm scales around 1), so no bias or scale is trivially 0/1."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=gen) * std
-            owner = module.get_submodule(name.rpartition(".")[0])
-            p.copy_(1 + noise if isinstance(owner, torch.nn.LayerNorm) and
-                    name.endswith("weight") else noise)
-    return module
-
-
 def mha_twins(seed=0, config=CONFIG):
-    torch_mha = randomize_(tl.MultiHeadAttention(config), seed).eval()
+    torch_mha = randomize(tl.MultiHeadAttention(config), seed).eval()
     jax_mha = jl.MultiHeadAttention(config, rngs=nnx.Rngs(seed))
     convert.torch_to_nnx(torch_mha.state_dict(), jax_mha)
     jax_mha.eval()
