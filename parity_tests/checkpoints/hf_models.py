@@ -41,3 +41,15 @@ def hf_model(arch: str, config=None, seed: int = 0) -> torch.nn.Module:
         config = hf_gpt2_config() if arch.startswith("GPT2") else hf_bert_config()
     torch.manual_seed(seed)
     return randomize(getattr(transformers, arch)(config), seed)
+
+
+def fail_writes_halfway(monkeypatch) -> None:
+    """Make the safetensors writer leave half a file and raise, as a full disk would."""
+    import safetensors.numpy
+
+    def fail_halfway(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", fail_halfway)

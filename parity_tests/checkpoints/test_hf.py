@@ -32,7 +32,13 @@ from jaxformer.checkpoints import convert, hf
 from jaxformer.config import BertConfig, GPTConfig
 from jaxformer.models import bert as jb
 from jaxformer.models import gpt as jg
-from parity_tests.checkpoints.hf_models import hf_bert_config, hf_gpt2_config, hf_model, randomize
+from parity_tests.checkpoints.hf_models import (
+    fail_writes_halfway,
+    hf_bert_config,
+    hf_gpt2_config,
+    hf_model,
+    randomize,
+)
 from parity_tests.helpers import assert_close, to_numpy
 from torch_ref.models import bert as tb
 from torch_ref.models import gpt as tg
@@ -469,14 +475,7 @@ def test_export_refuses_to_overwrite_and_writes_nothing_on_error(tmp_path, monke
         hf.save_pretrained(model, target)
     assert os.listdir(target) == ["keep.txt"]
 
-    import safetensors.numpy
-
-    def fail_halfway(tensors, filename, metadata=None):
-        with open(filename, "wb") as f:
-            f.write(b"half a file")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(safetensors.numpy, "save_file", fail_halfway)
+    fail_writes_halfway(monkeypatch)
     with pytest.raises(OSError, match="disk full"):
         hf.save_pretrained(model, target, overwrite=True)
     assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(target) == ["keep.txt"]

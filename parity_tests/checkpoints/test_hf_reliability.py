@@ -23,7 +23,7 @@ from safetensors.numpy import load_file, save_file
 
 from jaxformer.checkpoints import hf
 from jaxformer.config import BertConfig
-from parity_tests.checkpoints.hf_models import hf_gpt2_config, hf_model
+from parity_tests.checkpoints.hf_models import fail_writes_halfway, hf_gpt2_config, hf_model
 from torch_ref.models import bert as tb
 
 BERT_SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -195,18 +195,10 @@ def test_existing_empty_directory_keeps_its_permissions(tmp_path, small_model, m
 
 def test_failure_leaves_an_existing_empty_directory_as_it_was(tmp_path, small_model,
                                                               monkeypatch):
-    import safetensors.numpy
-
     target = tmp_path / "out"
     target.mkdir()
     target.chmod(0o705)
-
-    def fail_halfway(tensors, filename, metadata=None):
-        with open(filename, "wb") as f:
-            f.write(b"half a file")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(safetensors.numpy, "save_file", fail_halfway)
+    fail_writes_halfway(monkeypatch)
     with pytest.raises(OSError, match="disk full"):
         hf.save_pretrained(small_model, target)
     assert os.listdir(target) == [] and sorted(os.listdir(tmp_path)) == ["out"]
