@@ -83,10 +83,10 @@ class SentenceEncoder:
     def __init__(self, model_dir: str | Path):
         import jax
         import jax.numpy as jnp
-        from flax import nnx
         from tokenizers import Tokenizer
 
         from jaxformer.checkpoints import hf
+        from jaxformer.nn.jit import jitted
 
         root = Path(model_dir)
         if not root.is_dir():
@@ -137,12 +137,9 @@ class SentenceEncoder:
         tokenizer.enable_padding(direction="right", pad_id=pad_id, pad_token=pad_token)
         self.tokenizer, self.pad_id = tokenizer, pad_id
 
-        graphdef, self._state = nnx.split(self.model)
         pooling_mode, normalize = self.pooling, self.normalize
 
-        @jax.jit
-        def forward(state, input_ids, token_type_ids, attention_mask):
-            model = nnx.merge(graphdef, state)
+        def forward(model, input_ids, token_type_ids, attention_mask):
             # Full float32 matmuls (no TF32 on GPUs), as sentence-transformers computes them.
             with jax.default_matmul_precision("highest"):
                 hidden, _ = model(input_ids, token_type_ids, attention_mask)  # (B, T, C)
@@ -158,7 +155,7 @@ class SentenceEncoder:
                 pooled = pooled / jnp.maximum(norm, 1e-12)
             return pooled
 
-        self._forward = forward
+        self._forward = jitted(self.model, fn=forward)
 
     def tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(input_ids, token_type_ids, attention_mask)``, each ``(B, T)`` int32, with ``T``
@@ -196,7 +193,7 @@ class SentenceEncoder:
             index = order[start:start + batch_size]
             ids, types, mask = self.tokenize([texts[i] for i in index])
             validate.check_ids("input_ids", ids, self.model.config.vocab_size)
-            out[index] = np.asarray(self._forward(self._state, ids, types, mask))
+            out[index] = np.asarray(self._forward(ids, types, mask))
             if progress:
                 print(f"  batch {n + 1}/{len(starts)}", file=sys.stderr, flush=True)
         return out
