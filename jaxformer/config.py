@@ -22,6 +22,13 @@ from dataclasses import dataclass
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
 DTYPES = ("float32", "bfloat16", "float16")
+PARAM_DTYPES = ("float32", "bfloat16")
+# Rematerialisation (activation checkpointing) of each Transformer block in the backward pass:
+# "none" keeps every activation; "full" keeps only each block's input and recomputes the rest;
+# "dots_saveable" keeps the matmul outputs and recomputes the cheap elementwise work;
+# "dots_with_no_batch_dims_saveable" keeps only matmuls without batch dimensions (the projections,
+# not the attention scores). Same values, less memory, more compute.
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 # How attention is computed (the weights are the same): "xla" and "cudnn" call
 # jax.nn.dot_product_attention with that implementation (cuDNN is flash attention on NVIDIA GPUs),
 # "einsum" is the explicit path, the only one that can drop attention probabilities, and "auto"
@@ -75,6 +82,11 @@ def _check_common(config, num_layer_fields: tuple[str, ...]) -> None:
                          f"is not one of {ATTENTION_IMPLEMENTATIONS}")
     if config.dtype not in DTYPES:
         raise ValueError(f"{name}: dtype {config.dtype!r} is not one of {DTYPES}")
+    if config.param_dtype not in PARAM_DTYPES:
+        raise ValueError(f"{name}: param_dtype {config.param_dtype!r} is not one of "
+                         f"{PARAM_DTYPES}")
+    if config.remat not in REMAT_POLICIES:
+        raise ValueError(f"{name}: remat {config.remat!r} is not one of {REMAT_POLICIES}")
     for field in ("dropout_rate", "attention_dropout_rate"):
         if not 0.0 <= getattr(config, field) < 1.0:
             raise ValueError(f"{name}: {field} must be in [0, 1), got {getattr(config, field)}")
@@ -107,8 +119,11 @@ class BertConfig(_ModelConfig):
     num_labels: int = 2  # BertForSequenceClassification
     pad_token_id: int = 0
     initializer_range: float = 0.02
-    dtype: str = "float32"  # compute dtype; parameters are always float32
+    dtype: str = "float32"  # compute dtype (activations, matmuls)
+    param_dtype: str = "float32"  # storage dtype of the parameters
     attention_implementation: str = "auto"
+    scan_layers: bool = False  # stack the layers' parameters and run them with one scan
+    remat: str = "none"  # rematerialisation policy of each block (REMAT_POLICIES)
 
     def __post_init__(self):
         _check_common(self, ("num_layers", "vocab_size", "type_vocab_size", "num_labels"))
@@ -169,8 +184,11 @@ class TransformerConfig(_ModelConfig):
     src_pad_id: int = 0
     tgt_pad_id: int = 0
     initializer_range: float = 0.02
-    dtype: str = "float32"
+    dtype: str = "float32"  # compute dtype (activations, matmuls)
+    param_dtype: str = "float32"  # storage dtype of the parameters
     attention_implementation: str = "auto"
+    scan_layers: bool = False  # stack the layers' parameters and run them with one scan
+    remat: str = "none"  # rematerialisation policy of each block (REMAT_POLICIES)
 
     def __post_init__(self):
         _check_common(self, ("num_encoder_layers", "num_decoder_layers", "src_vocab_size",
@@ -227,8 +245,11 @@ class GPTConfig(_ModelConfig):
     tie_word_embeddings: bool = True
     pad_token_id: int = 0  # only used to fill padded positions in examples; GPT-2 has none
     initializer_range: float = 0.02
-    dtype: str = "float32"
+    dtype: str = "float32"  # compute dtype (activations, matmuls)
+    param_dtype: str = "float32"  # storage dtype of the parameters
     attention_implementation: str = "auto"
+    scan_layers: bool = False  # stack the layers' parameters and run them with one scan
+    remat: str = "none"  # rematerialisation policy of each block (REMAT_POLICIES)
 
     def __post_init__(self):
         _check_common(self, ("num_layers", "vocab_size"))
@@ -250,4 +271,12 @@ class GPTConfig(_ModelConfig):
                    intermediate_size=256, max_position_embeddings=512, activation="gelu",
                    attention_dropout_rate=0.0, pre_norm=False, embedding_layer_norm=True,
                    final_layer_norm=False, tie_word_embeddings=False)
+
+    @classmethod
+    def baby(cls) -> GPTConfig:
+        """nanoGPT's CPU "baby GPT" for character-level Shakespeare: 4 layers, 4 heads, width
+        128, context 64, no dropout, exact GELU (the vocabulary is the tokenizer's)."""
+        return cls(vocab_size=65, hidden_size=128, num_layers=4, num_heads=4,
+                   intermediate_size=512, max_position_embeddings=64, activation="gelu",
+                   dropout_rate=0.0, attention_dropout_rate=0.0)
 

@@ -1,6 +1,6 @@
 """Parameter factories: every weight of every family is created here, with the initialiser the
 torch twin uses (N(0, initializer_range) kernels and embeddings, zero biases, unit LayerNorm
-scales) and the compute ``dtype`` of the config. Twin: ``torch_ref/nn/params.py``.
+scales), the compute ``dtype`` and the storage ``param_dtype`` of the config. Twin: ``torch_ref/nn/params.py``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from flax import nnx
 def linear(in_features: int, out_features: int, config, *, rngs: nnx.Rngs,
            use_bias: bool = True) -> nnx.Linear:
     return nnx.Linear(in_features, out_features, use_bias=use_bias, dtype=jnp.dtype(config.dtype),
+                      param_dtype=jnp.dtype(config.param_dtype),
                       kernel_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
 
 
@@ -36,10 +37,12 @@ class Embed(nnx.Embed):
 
 def embedding(num_embeddings: int, config, *, rngs: nnx.Rngs) -> Embed:
     return Embed(num_embeddings, config.hidden_size, dtype=jnp.dtype(config.dtype),
-                     embedding_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+                 param_dtype=jnp.dtype(config.param_dtype),
+                 embedding_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
 
 
 def layer_norm(config, *, rngs: nnx.Rngs) -> nnx.LayerNorm:
     # Two-pass variance, as torch computes it; flax's default E[x^2] - E[x]^2 drifts from it.
     return nnx.LayerNorm(config.hidden_size, epsilon=config.layer_norm_eps,
-                         use_fast_variance=False, dtype=jnp.dtype(config.dtype), rngs=rngs)
+                         use_fast_variance=False, dtype=jnp.dtype(config.dtype),
+                         param_dtype=jnp.dtype(config.param_dtype), rngs=rngs)
