@@ -1,6 +1,7 @@
 """Parameter factories: every weight of every family is created here, with the initialiser the
 torch twin uses (N(0, initializer_range) kernels and embeddings, zero biases, unit LayerNorm
-scales), the compute ``dtype`` and the storage ``param_dtype`` of the config. Twin: ``torch_ref/nn/params.py``.
+scales), the compute ``dtype`` and the storage ``param_dtype`` of the config.
+Twin: ``torch_ref/nn/params.py``.
 """
 
 from __future__ import annotations
