@@ -59,6 +59,7 @@ JAX_ONLY = {
     "generation/checks.py": "framework-free generation checks and tables both twins read",
     "training/config.py": "framework-free TrainConfig: the one definition both twins read",
     "training/data.py": "host-side numpy batches: both frameworks train on the very same data",
+    "training/vocab.py": "framework-free tokenizers: both twins train on the ids they give",
     "training/loop.py": "one training loop that drives either framework's step",
     "training/command.py": "the `jaxformer train` command",
     "generation/cli.py": "the `jaxformer generate` command (it runs either framework's generate)",

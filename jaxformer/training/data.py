@@ -75,36 +75,11 @@ def file_sha256(path) -> str:
 # ------------------------------------------------------------------------------- tokenizers
 
 def train_tokenizer(lines, vocab_size: int):
-    """A lower-cased WordPiece tokenizer whose vocabulary is learned from ``lines``: the
-    :data:`SPECIAL_TOKENS` (ids 0-4), every character of the text (word-initial and ``##``
-    continuation), then the most frequent words (ties in alphabetical order) up to ``vocab_size``
-    entries (more only if the characters need it). Unknown words split into characters.
+    """The WordPiece builder, :func:`jaxformer.training.vocab.wordpiece_tokenizer` (kept under
+    this name for existing callers)."""
+    from jaxformer.training import vocab  # vocab imports this module
 
-    Built here rather than by ``tokenizers``' ``WordPieceTrainer``, whose result changes from run
-    to run on ties (hash-map order, huggingface/tokenizers#1794): a run must reproduce from its
-    seed, and the JAX and torch runs of one file must see the same ids.
-    """
-    from collections import Counter
-
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
-
-    normalizer = normalizers.BertNormalizer(lowercase=True)
-    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    words = Counter(word for line in lines
-                    for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(line)))
-    initial = sorted({word[0] for word in words})
-    continuation = sorted({f"##{c}" for word in words for c in word[1:]})
-    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *initial, *continuation])}
-    for word, _ in sorted(words.items(), key=lambda item: (-item[1], item[0])):
-        if len(vocab) >= vocab_size:
-            break
-        vocab.setdefault(word, len(vocab))
-    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-    tokenizer.normalizer = normalizer
-    tokenizer.pre_tokenizer = pre_tokenizer
-    tokenizer.decoder = decoders.WordPiece()
-    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
-    return tokenizer
+    return vocab.wordpiece_tokenizer(lines, vocab_size)
 
 
 def load_tokenizer(path):

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jaxformer.training import data
+from jaxformer.training import data, vocab
 from jaxformer.training.config import TrainConfig, identity_differences, model_config, run_identity
 
 FRAMEWORKS = ("jax", "torch")
@@ -163,7 +163,8 @@ def prepare(config: TrainConfig, options: RunOptions):
     elif options.tokenizer:
         tokenizer = data.load_tokenizer(options.tokenizer)
     else:
-        tokenizer = data.train_tokenizer(text.splitlines(), options.vocab_size or _vocab_of(base))
+        tokenizer = vocab.wordpiece_tokenizer(text.splitlines(),
+                                              options.vocab_size or _vocab_of(base))
     eval_fraction = 0.1 if options.eval_every else 0.0
     train_set, eval_set = data.build_datasets(options.family, text, tokenizer, config,
                                               eval_fraction)

@@ -1,0 +1,127 @@
+"""Tokenizers built from a text, each a ``tokenizers.Tokenizer`` that saves as ``tokenizer.json``
+(framework-free: both twins train on the ids these produce).
+
+- ``char``: nanoGPT's ``shakespeare_char``. The vocabulary is ``sorted(set(text))`` (id ``i`` is
+  the ``i``-th character in code-point order), no special token, no normalizer, no
+  pre-tokenizer, and decoding is plain concatenation. It is a BPE model with no merges: BPE
+  splits its input into characters and, with nothing to merge, each character is a token; the
+  ``Fuse`` decoder joins them without the spaces ``tokenizers`` would otherwise put between
+  tokens. Such a tokenizer silently drops a character it does not know, so
+  :func:`encode_chars` checks the text first.
+- ``bpe``: byte-level BPE as GPT-2 (``ByteLevel`` pre-tokenizer and decoder, all 256 bytes in the
+  initial alphabet, so no text is ever unknown), trained by ``tokenizers``' ``BpeTrainer``.
+- ``wordpiece``: a lower-cased WordPiece vocabulary of the characters and most frequent words,
+  built here rather than by ``WordPieceTrainer`` (see :func:`wordpiece_tokenizer`).
+
+``bpe`` and ``wordpiece`` start with :data:`~jaxformer.training.data.SPECIAL_TOKENS` (ids 0-4),
+which the families' batches need. All three are deterministic: the same text gives the same
+``tokenizer.json``, so a run reproduces from its seed and the JAX and torch runs of one file see
+the same ids.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from jaxformer.training.data import SPECIAL_TOKENS, DataError, load_tokenizer
+
+TOKENIZERS = ("char", "bpe", "wordpiece")
+
+
+def char_tokenizer(text: str):
+    """One token per character of ``text``, ids in sorted character order (nanoGPT's
+    ``chars = sorted(list(set(data)))``)."""
+    from tokenizers import Tokenizer, decoders, models
+
+    if not text:
+        raise DataError("a character vocabulary needs a non-empty text")
+    vocab = {c: i for i, c in enumerate(sorted(set(text)))}
+    tokenizer = Tokenizer(models.BPE(vocab, merges=[]))
+    tokenizer.decoder = decoders.Fuse()
+    return tokenizer
+
+
+def encode_chars(tokenizer, text: str) -> np.ndarray:
+    """``text`` as int32 ids of a :func:`char_tokenizer`; a character outside its vocabulary is
+    an error naming it and where it first occurs (the tokenizer alone would drop it)."""
+    vocab = tokenizer.get_vocab()
+    unknown = set(text) - vocab.keys()
+    if unknown:
+        first = min(text.index(c) for c in unknown)
+        raise DataError(f"{len(unknown)} character(s) outside the tokenizer's vocabulary of "
+                        f"{len(vocab)}, e.g. {text[first]!r} (U+{ord(text[first]):04X}) at "
+                        f"offset {first}")
+    ids = np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
+    if len(ids) != len(text):  # a tokenizer that is not one-token-per-character
+        raise DataError(f"the tokenizer is not a character tokenizer: {len(text)} characters "
+                        f"gave {len(ids)} ids")
+    return ids
+
+
+def bpe_tokenizer(lines, vocab_size: int):
+    """Byte-level BPE (GPT-2 style) with :data:`SPECIAL_TOKENS` first, trained on ``lines``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if vocab_size < len(SPECIAL_TOKENS) + len(alphabet):
+        raise DataError(f"a byte-level BPE vocabulary holds the {len(SPECIAL_TOKENS)} special "
+                        f"tokens and {len(alphabet)} bytes: vocab_size must be at least "
+                        f"{len(SPECIAL_TOKENS) + len(alphabet)}, got {vocab_size}")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=alphabet, show_progress=False)
+    tokenizer.train_from_iterator(list(lines), trainer=trainer)
+    return tokenizer
+
+
+def wordpiece_tokenizer(lines, vocab_size: int):
+    """A lower-cased WordPiece tokenizer whose vocabulary is learned from ``lines``: the
+    :data:`SPECIAL_TOKENS` (ids 0-4), every character of the text (word-initial and ``##``
+    continuation), then the most frequent words (ties in alphabetical order) up to ``vocab_size``
+    entries (more only if the characters need it). Unknown words split into characters.
+
+    Built here rather than by ``tokenizers``' ``WordPieceTrainer``, whose result changes from run
+    to run on ties (hash-map order, huggingface/tokenizers#1794): a run must reproduce from its
+    seed, and the JAX and torch runs of one file must see the same ids.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    normalizer = normalizers.BertNormalizer(lowercase=True)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    words = Counter(word for line in lines
+                    for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(line)))
+    initial = sorted({word[0] for word in words})
+    continuation = sorted({f"##{c}" for word in words for c in word[1:]})
+    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *initial, *continuation])}
+    for word, _ in sorted(words.items(), key=lambda item: (-item[1], item[0])):
+        if len(vocab) >= vocab_size:
+            break
+        vocab.setdefault(word, len(vocab))
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizer
+    tokenizer.pre_tokenizer = pre_tokenizer
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    return tokenizer
+
+
+def build_tokenizer(kind: str, text: str, vocab_size: int | None = None):
+    """The tokenizer ``--tokenizer KIND`` names: one of :data:`TOKENIZERS` built from ``text``
+    (``vocab_size`` is ignored by ``char``, whose vocabulary is the text's characters), or else
+    the path of a ``tokenizer.json``."""
+    if kind == "char":
+        return char_tokenizer(text)
+    if kind in ("bpe", "wordpiece"):
+        if vocab_size is None or vocab_size < 1:
+            raise DataError(f"a {kind} tokenizer needs a positive vocab_size, got {vocab_size}")
+        build = bpe_tokenizer if kind == "bpe" else wordpiece_tokenizer
+        return build(text.splitlines(), vocab_size)
+    if not Path(kind).is_file():
+        raise DataError(f"--tokenizer {kind!r} is neither one of {', '.join(TOKENIZERS)} nor an "
+                        f"existing tokenizer.json file")
+    return load_tokenizer(kind)
