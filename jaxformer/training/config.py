@@ -68,6 +68,10 @@ class TrainConfig:
     clip_norm: float = 1.0
     label_smoothing: float = 0.0  # seq2seq loss; the paper uses 0.1
     mlm_probability: float = 0.15
+    # BERT's max_predictions_per_seq: masked positions per sequence (at most seq_len used),
+    # the MLM head runs only there. 20 is BERT's value for its 128-token phase; it caps
+    # round(0.15 * length) only past 136 tokens (BERT used 80 at 512). 0: dense labels.
+    max_predictions: int = 20
     seed: int = 0
 
     def __post_init__(self):
@@ -102,6 +106,8 @@ class TrainConfig:
             (self.clip_norm >= 0, "clip_norm", "must not be negative (0 turns clipping off)"),
             (0 <= self.label_smoothing < 1, "label_smoothing", "must lie in [0, 1)"),
             (0 < self.mlm_probability < 1, "mlm_probability", "must lie in (0, 1)"),
+            (self.max_predictions >= 0, "max_predictions",
+             "must not be negative (0: labels at every position)"),
         ]
         for ok, field, rule in checks:
             if not ok:

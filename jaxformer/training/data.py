@@ -9,9 +9,15 @@ What each family makes of the data file (UTF-8 text, blank lines ignored except 
   cut into windows of ``seq_len`` tokens; the loss predicts each next token of a window.
 - ``bert``: each line is a sentence, blank lines separate documents. Example ``i`` is sentence
   ``i`` as sentence A; half the time B is the next sentence of its document (NSP label 0), else a
-  random sentence (label 1). ``[CLS] A [SEP] B [SEP]``, longest first truncated; 15% of the real
-  tokens (``mlm_probability``) are chosen, 80% of those become ``[MASK]``, 10% a random token,
-  10% stay, as in BERT.
+  random sentence (label 1). ``[CLS] A [SEP] B [SEP]``, longest first truncated. As BERT's
+  ``create_pretraining_data.py``: ``min(max_predictions, max(1, round(0.15 * length)))`` positions
+  (``length`` counts ``[CLS]`` and ``[SEP]``, ``0.15`` is ``mlm_probability``, ``round`` halves to
+  even as Python 3's) are drawn uniformly among the real non-special tokens; 80% of those become
+  ``[MASK]``, 10% a random non-special token, 10% stay. ``masked_positions (B, P)`` lists them in
+  ascending order, ``P = min(max_predictions, seq_len)``, padded with index 0 and label -100, and
+  ``mlm_labels (B, P)`` holds their original ids, so the MLM head runs at ``P`` positions only.
+  ``max_predictions = 0`` keeps dense labels instead: each real non-special token is chosen with
+  probability 0.15, ``mlm_labels (B, T)`` and ``masked_positions`` is every position.
 - ``transformer``: lines ``SOURCE<TAB>TARGET``; in a file without tabs each line is the source
   of the next line. Source ``tokens [SEP]``; decoder input ``[CLS] target`` (``[CLS]`` serves as
   beginning of sequence) and labels ``target [SEP]``.
@@ -36,7 +42,8 @@ from jaxformer.training.config import IGNORE_INDEX, TrainConfig
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 BATCH_KEYS = {
-    "bert": ("input_ids", "token_type_ids", "attention_mask", "mlm_labels", "nsp_labels"),
+    "bert": ("input_ids", "token_type_ids", "attention_mask", "masked_positions", "mlm_labels",
+             "nsp_labels"),
     "gpt": ("input_ids", "attention_mask"),
     "transformer": ("src_ids", "src_mask", "tgt_ids", "tgt_mask", "labels"),
     "classifier": ("input_ids", "token_type_ids", "attention_mask", "labels"),
@@ -294,6 +301,25 @@ def _bert(text, tokenizer, config, specials, eval_fraction):
         types = [0] * (len(a) + 2) + [1] * (len(b) + 1)
         return tokens, types
 
+    def choose(input_ids, attention_mask, candidates, rng):
+        """-> ``chosen (B, T)`` (the tokens to predict), ``masked_positions``, ``mlm_labels``."""
+        if not config.max_predictions:  # dense: every position carries a label or -100
+            chosen = candidates & (rng.random(input_ids.shape) < config.mlm_probability)
+            positions = np.broadcast_to(np.arange(T, dtype=np.int32), input_ids.shape).copy()
+            return chosen, positions, np.where(chosen, input_ids, IGNORE_INDEX).astype(np.int32)
+        P = min(config.max_predictions, T)
+        counts = np.round(attention_mask.sum(1) * config.mlm_probability).astype(int)
+        counts = np.minimum(np.minimum(P, np.maximum(1, counts)), candidates.sum(1))
+        chosen = np.zeros_like(candidates)
+        positions = np.zeros((len(input_ids), P), np.int32)
+        mlm_labels = np.full((len(input_ids), P), IGNORE_INDEX, np.int32)
+        for r, n in enumerate(counts):
+            picked = np.sort(rng.choice(np.flatnonzero(candidates[r]), n, replace=False))
+            chosen[r, picked] = True
+            positions[r, :n] = picked
+            mlm_labels[r, :n] = input_ids[r, picked]
+        return chosen, positions, mlm_labels
+
     def dataset(subset, stream_id):
         def make(indices, rng):
             rows, type_rows, nsp = [], [], []
@@ -311,15 +337,15 @@ def _bert(text, tokenizer, config, specials, eval_fraction):
             input_ids = _pad(rows, T, pad)
             attention_mask = (input_ids != pad).astype(np.int32)
             candidates = attention_mask.astype(bool) & ~np.isin(input_ids, special)
-            chosen = candidates & (rng.random(input_ids.shape) < config.mlm_probability)
-            mlm_labels = np.where(chosen, input_ids, IGNORE_INDEX).astype(np.int32)
+            chosen, positions, mlm_labels = choose(input_ids, attention_mask, candidates, rng)
             roll = rng.random(input_ids.shape)
             replaced = np.where(chosen & (roll < 0.8), mask_id, input_ids)
             random_tokens = rng.choice(ordinary, size=input_ids.shape) if len(ordinary) else pad
             replaced = np.where(chosen & (roll >= 0.8) & (roll < 0.9), random_tokens, replaced)
             return {"input_ids": replaced.astype(np.int32),
                     "token_type_ids": _pad(type_rows, T, 0), "attention_mask": attention_mask,
-                    "mlm_labels": mlm_labels, "nsp_labels": np.array(nsp, np.int32)}
+                    "masked_positions": positions, "mlm_labels": mlm_labels,
+                    "nsp_labels": np.array(nsp, np.int32)}
         return Dataset("bert", len(subset), make, config, tokens_per_example=T, stream=stream_id)
 
     return dataset(train, 0), (dataset(held, 1) if len(held) else None)
@@ -358,7 +384,15 @@ def check_batch(family: str, batch: dict, model_config) -> None:
     if family in ("bert", "classifier"):
         validate.check_ids("token_type_ids", batch["token_type_ids"], c.type_vocab_size)
     if family == "bert":
-        check_labels("mlm_labels", batch["mlm_labels"], c.vocab_size)
+        positions, labels = batch["masked_positions"], batch["mlm_labels"]
+        if tuple(positions.shape[:-1]) != tuple(batch["input_ids"].shape[:-1]):
+            raise DataError(f"masked_positions has shape {tuple(positions.shape)} but input_ids "
+                            f"{tuple(batch['input_ids'].shape)}: one row of positions per row")
+        if tuple(labels.shape) != tuple(positions.shape):
+            raise DataError(f"mlm_labels has shape {tuple(labels.shape)} but masked_positions "
+                            f"{tuple(positions.shape)}: one label per masked position")
+        validate.check_ids("masked_positions", positions, batch["input_ids"].shape[-1])
+        check_labels("mlm_labels", labels, c.vocab_size)
         check_labels("nsp_labels", batch["nsp_labels"], 2)
     if family == "classifier":
         check_labels("labels", batch["labels"], c.num_labels)

@@ -45,7 +45,8 @@ def cross_entropy(logits, labels, *, ignore_index: int = IGNORE_INDEX,
 
 
 def masked_lm_loss(logits, labels):
-    """``(B, T, V)`` logits, ``(B, T)`` labels: the original id at masked positions, -100 else."""
+    """``(B, P, V)`` logits at the masked positions, ``(B, P)`` labels: the original ids, -100 at
+    padded positions (with dense labels ``P = T`` and -100 at every unmasked position)."""
     return cross_entropy(logits, labels)
 
 
@@ -79,7 +80,7 @@ def batch_loss(family: str, model, batch: dict, config: TrainConfig):
     """The family's training objective on one micro-batch (keys: ``data.BATCH_KEYS[family]``)."""
     if family == "bert":
         _, mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"],
-                                          batch["attention_mask"])
+                                          batch["attention_mask"], batch["masked_positions"])
         return (masked_lm_loss(mlm_logits, batch["mlm_labels"])
                 + next_sentence_loss(nsp_logits, batch["nsp_labels"]))
     if family == "gpt":

@@ -73,7 +73,8 @@ def test_batches_are_a_function_of_seed_and_position(tokenizer):
 def test_bert_pairs_and_masking(tokenizer):
     corpus = text(200, seed=1)
     dataset, _ = data.build_datasets("bert", corpus, tokenizer,
-                                     TrainConfig(batch_size=64, seq_len=32, seed=0))
+                                     TrainConfig(batch_size=64, seq_len=32, seed=0,
+                                                 max_predictions=0))  # dense labels
     encoded = [tokenizer.encode(s, add_special_tokens=False).ids for s in corpus.splitlines()]
     batch = dataset.micro_batch(0)
     ids, types, mask, labels = (batch[k] for k in ("input_ids", "token_type_ids",

@@ -55,7 +55,7 @@ def batch_loss(family: str, model, batch: dict, config: TrainConfig):
     """``batch`` holds torch tensors."""
     if family == "bert":
         _, mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"],
-                                          batch["attention_mask"])
+                                          batch["attention_mask"], batch["masked_positions"])
         return (masked_lm_loss(mlm_logits, batch["mlm_labels"])
                 + next_sentence_loss(nsp_logits, batch["nsp_labels"]))
     if family == "gpt":
