@@ -8,6 +8,8 @@
                      metrics, a loss-curve PNG and checkpoints (see docs/training.md).
   jaxformer generate text from a Hugging Face GPT-2 directory with a KV cache: greedy, sampling
                      or beam search, streamed as it is produced (see docs/generation.md).
+  jaxformer data     fetches a corpus (Shakespeare) and writes train.txt, val.txt split by
+                     document and manifest.json (see docs/data.md).
 
 Unknown arguments are reported with the usage of the subcommand they were given to.
 """
@@ -99,8 +101,17 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     generate_command.add_arguments(generate)
     generate.set_defaults(func=generate_command.run)
+
+    from jaxformer.training import corpus as data_command
+
+    data = commands.add_parser(
+        "data", help="fetch a corpus and write train.txt / val.txt (split by document)",
+        description=data_command.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    data_command.add_arguments(data)
+    data.set_defaults(func=data_command.run)
     parser.subcommands = {"parity": parity, "embed": embed, "train": train,
-                          "generate": generate}
+                          "generate": generate, "data": data}
     return parser
 
 

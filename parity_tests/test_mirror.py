@@ -60,6 +60,7 @@ JAX_ONLY = {
     "training/config.py": "framework-free TrainConfig: the one definition both twins read",
     "training/data.py": "host-side numpy batches: both frameworks train on the very same data",
     "training/vocab.py": "framework-free tokenizers: both twins train on the ids they give",
+    "training/corpus.py": "fetches and splits a text corpus (host-side files, no model)",
     "training/loop.py": "one training loop that drives either framework's step",
     "training/command.py": "the `jaxformer train` command",
     "generation/cli.py": "the `jaxformer generate` command (it runs either framework's generate)",
