@@ -1,0 +1,307 @@
+#!/usr/bin/env python
+"""Training-step benchmark: one optimizer update (forward, backward, clipping, AdamW) of GPT-2
+small and BERT-base, jaxformer's jitted step against its torch_ref twin, eager and compiled.
+
+The three candidates are the steps the training loop runs, built the way the loop builds them
+(``jaxformer.training.loop._build_trainer``): the model is initialised by jaxformer from the seed
+and its weights copied into each torch model through ``jaxformer.checkpoints.convert``; the
+compiled torch model is ``torch_model.compile()`` (inductor), the loop's ``--compile``.
+
+- ``jaxformer``: ``jaxformer.training.step.TrainStep``, the whole update in one jitted call with
+  the parameter, optimizer and RNG buffers donated;
+- ``torch_ref eager``: ``torch_ref.training.step.TrainStep`` (the baseline);
+- ``torch_ref compile``: the same step on the compiled model (the optimizer stays eager, as in
+  the loop).
+
+Workloads (the sizes of the training-benchmark issue): GPT-2 small (``GPTConfig.gpt2()``), batch
+4 x 256, causal LM loss, no padding (the loop packs text into full windows); BERT-base
+(``BertConfig.base()``), batch 8 x 128, masked LM (15% of the real tokens) + next sentence,
+right padding as in ``bench_forward.py``. Dropout is 0 on both sides so that the work is the
+same; every candidate trains on the very same numpy batch at every step. Before anything is timed
+each candidate makes one step from the same weights and their losses must agree to 1e-5
+(relative), or the script stops: the timings then compare equal work. After the timed rounds
+every candidate has made the same number of steps, and the largest relative difference of their
+losses at each step is recorded (DESIGN.md allows 1e-5 over 10 steps, 1e-4 over 100).
+
+Reported per case (on top of the harness's medians, tokens/s, model FLOP/s, MFU over the measured
+matmul peak): compile time (jaxformer: ``lower`` + ``compile`` of the step, timed before its
+first call, which then only traces; torch.compile: its first call minus its median step), XLA's
+own FLOP and byte counts of the compiled step, and jaxformer's speed over torch.compile. Model
+FLOPs: ``jaxformer.models.flops.train_step_flops`` (3 x forward, the MLM head on every position,
+as the model runs it).
+
+``--jax-variants`` adds jaxformer steps built with other computation switches (attention
+implementation, remat, scanned layers, matmul precision) to the same interleaved rounds, for the
+experiments of the table in benchmarks/README.md; XLA flags need a process each
+(``--xla-flags ... --tag ...``). ``--profile DIR`` writes a ``jax.profiler`` trace of two steps.
+
+    python benchmarks/bench_train.py                      # both models, 5 rounds (minutes)
+    python benchmarks/bench_train.py --quick --no-save    # tiny models: a smoke run (seconds)
+    python benchmarks/bench_train.py --models gpt2 --jax-variants einsum,scan --tag variants
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+
+import harness
+
+WORKLOADS = {
+    "gpt2": dict(family="gpt", preset="gpt2", label="GPT-2 small, causal LM", batch=4, seq=256),
+    "bert": dict(family="bert", preset="base", label="BERT-base, MLM + NSP", batch=8, seq=128),
+}
+QUICK = dict(preset="tiny", batch=4, seq=32)  # --quick: the same code on tiny configs
+
+# jaxformer variants for --jax-variants: config fields that change the computation, not the
+# weights, or (precision) the matmul precision the step is traced under.
+VARIANTS = {
+    "xla": dict(attention_implementation="xla"),
+    "einsum": dict(attention_implementation="einsum"),
+    "scan": dict(scan_layers=True),
+    "remat-full": dict(remat="full"),
+    "remat-dots": dict(remat="dots_saveable"),
+    "precision-default": dict(precision="default"),
+}
+LOSS_RTOL = 1e-5  # one step from the same weights (DESIGN.md, optimizer steps)
+
+
+def make_batch(family: str, cfg, tc, seed: int) -> tuple[dict, int | None]:
+    """One update's batch (a single micro-batch on the leading axis), numpy int32, the keys of
+    ``jaxformer.training.data.BATCH_KEYS[family]``, and for BERT the number of positions per row
+    its MLM head runs at. BERT's masked positions follow ``data``'s recipe: ``round(0.15 x
+    length)`` real tokens per row (at least one, at most ``tc.max_predictions``), listed in
+    ``P = min(max_predictions, seq_len)`` slots padded with position 0 and label -100 (dense
+    labels when ``max_predictions`` is 0)."""
+    import numpy as np
+    from bench_forward import make_inputs
+
+    from jaxformer.training import data
+    from jaxformer.training.config import IGNORE_INDEX
+    B, T = tc.batch_size, tc.seq_len
+    rng = np.random.RandomState(seed)
+    if family == "gpt":
+        ids = rng.randint(0, cfg.vocab_size, (B, T))
+        out, head_positions = {"input_ids": ids, "attention_mask": np.ones_like(ids)}, None
+    else:
+        ids, segments, mask = make_inputs("bert", cfg, B, T, None, seed)
+        P = min(getattr(tc, "max_predictions", 0), T)
+        candidates = mask.astype(bool)
+        candidates[:, 0] = False  # [CLS]
+        if P == 0:  # dense: a label or -100 at every position
+            chosen = candidates & (rng.random_sample(ids.shape) < tc.mlm_probability)
+            chosen[:, 1] = True
+            positions = np.broadcast_to(np.arange(T), (B, T))
+            labels = np.where(chosen, ids, IGNORE_INDEX)
+            head_positions = T
+        else:
+            positions, labels = np.zeros((B, P), int), np.full((B, P), IGNORE_INDEX)
+            for r in range(B):
+                n = min(P, max(1, round(mask[r].sum() * tc.mlm_probability)))
+                picked = np.sort(rng.choice(np.flatnonzero(candidates[r]), n, replace=False))
+                positions[r, :n], labels[r, :n] = picked, ids[r, picked]
+            head_positions = P
+        out = {"input_ids": ids, "token_type_ids": segments, "attention_mask": mask,
+               "masked_positions": positions, "mlm_labels": labels,
+               "nsp_labels": rng.randint(0, 2, (B,))}
+        if "masked_positions" not in data.BATCH_KEYS["bert"]:  # labels at every position
+            dense = np.full((B, T), IGNORE_INDEX)
+            np.put_along_axis(dense, positions, labels, axis=1)
+            out["mlm_labels"], head_positions = dense, T
+            del out["masked_positions"]
+    return {k: np.asarray(v).astype(np.int32)[None] for k, v in out.items()}, head_positions
+
+
+def compile_jax(trainer, batch) -> tuple[float, dict]:
+    """``lower`` + ``compile`` of the step's jitted update (its executable is cached, so the
+    first call only traces): seconds, and XLA's cost analysis of the compiled program."""
+    import numpy as np
+    t0 = time.perf_counter()
+    compiled = trainer._train.lower(trainer._params, trainer._opt_state, trainer._rest, batch,
+                                    np.int32(trainer.step)).compile()
+    seconds = time.perf_counter() - t0
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+    return seconds, {k: float(cost[k]) for k in ("flops", "bytes accessed") if k in cost}
+
+
+def bench_workload(name, args, bench):
+    import jax
+    import numpy as np
+
+    from jaxformer import config as jconfig
+    from jaxformer.models import flops
+    from jaxformer.training.config import TrainConfig
+    from jaxformer.training.loop import RunOptions, _build_trainer
+
+    spec = {**WORKLOADS[name], **(QUICK if args.quick else {})}
+    family, B, T = spec["family"], args.batch or spec["batch"], args.seq or spec["seq"]
+    cls = jconfig.BertConfig if family == "bert" else jconfig.GPTConfig
+    cfg = dataclasses.replace(getattr(cls, spec["preset"])(), dropout_rate=0.0,
+                              attention_dropout_rate=0.0,
+                              attention_implementation=args.attention_implementation)
+    # A constant, small learning rate: the weights move every step, but not towards NaN or
+    # denormals (which would change the work).
+    tc = TrainConfig(steps=100_000, batch_size=B, seq_len=T, learning_rate=1e-5,
+                     schedule="constant", seed=args.seed)
+    batch, head_positions = make_batch(family, cfg, tc, args.seed)
+
+    def build(framework, model_cfg=cfg, compile=False):
+        options = RunOptions(family=family, data="", framework=framework, compile=compile)
+        return _build_trainer(family, framework, model_cfg, tc, options)[0]
+
+    jax_steps = {"jaxformer": (build("jax"), None)}
+    for v in args.jax_variants:
+        fields = {k: x for k, x in VARIANTS[v].items() if k != "precision"}
+        jax_steps[f"jaxformer {v}"] = (build("jax", dataclasses.replace(cfg, **fields)),
+                                       VARIANTS[v].get("precision"))
+    trainers = {**{k: t for k, (t, _) in jax_steps.items()}, "torch_ref eager": build("torch")}
+    if not args.no_compile:
+        trainers["torch_ref compile"] = build("torch", compile=True)
+
+    compile_s, xla_cost, first_s, losses = {}, {}, {}, {k: [] for k in trainers}
+
+    def call(key):
+        trainer, precision = jax_steps.get(key, (trainers[key], None))
+
+        def run():
+            if precision is None:
+                out = trainer(batch)
+            else:
+                with jax.default_matmul_precision(precision):
+                    out = trainer(batch)
+            losses[key].append(out["loss"])
+            return out
+        return run
+
+    fns = {key: call(key) for key in trainers}
+    for key, (trainer, precision) in jax_steps.items():
+        print(f"{name}: compiling {key}", flush=True)
+        if precision is None:
+            compile_s[key], xla_cost[key] = compile_jax(trainer, batch)
+        else:
+            with jax.default_matmul_precision(precision):
+                compile_s[key], xla_cost[key] = compile_jax(trainer, batch)
+    for key, fn in fns.items():  # the first step of each: the equal-work check
+        print(f"{name}: first step of {key}", flush=True)
+        t0 = time.perf_counter()
+        fn()
+        first_s[key] = time.perf_counter() - t0
+    first = {k: v[0] for k, v in losses.items()}
+    ref = first["torch_ref eager"]
+    diffs = {k: abs(v - ref) / abs(ref) for k, v in first.items()}
+    print(f"{name}: first-step losses " + ", ".join(f"{k} {v:.7f}" for k, v in first.items()))
+    if max(diffs.values()) > LOSS_RTOL:
+        raise SystemExit(f"{name}: the first-step losses differ by more than {LOSS_RTOL} "
+                         f"(relative): {first}; the candidates do not compute the same update")
+
+    if args.profile:
+        with jax.profiler.trace(f"{args.profile}/{name}"):
+            for _ in range(2):
+                fns["jaxformer"]()
+        print(f"{name}: profile written under {args.profile}/{name}", flush=True)
+
+    tokens = B * T
+    options = ({"model": "BertForPreTraining", "masked_positions": head_positions}
+               if family == "bert" else {})
+    step_flop = flops.train_step_flops(cfg, B, T, **options)
+    case = bench.measure(fns, baseline="torch_ref eager", tokens=tokens, flop=step_flop,
+                         frameworks={k: "jax" if k in jax_steps else "torch" for k in fns})
+
+    steps = {len(v) for v in losses.values()}
+    if len(steps) != 1:
+        raise SystemExit(f"{name}: candidates made different numbers of steps: "
+                         f"{ {k: len(v) for k, v in losses.items()} }")
+    trajectory = np.array([losses[k] for k in trainers])
+    if not np.isfinite(trajectory).all():
+        raise SystemExit(f"{name}: a loss stopped being finite during the timed steps")
+    ref_row = trajectory[list(trainers).index("torch_ref eager")]
+    drift = float((np.abs(trajectory - ref_row) / np.abs(ref_row)).max())
+    notes = {}
+    for key in trainers:
+        stats = case[key]
+        stats["first_step_loss"] = first[key]
+        stats["first_step_loss_rel_diff"] = diffs[key]
+        stats["first_call_s"] = first_s[key]
+        if key in jax_steps:
+            stats["compile_s"] = compile_s[key]
+            stats["xla_cost_analysis"] = xla_cost[key]
+        elif key == "torch_ref compile":
+            stats["compile_s"] = first_s[key] - stats["median_s"]
+    notes["compile s"] = "; ".join(f"{k} {case[k]['compile_s']:.1f}" for k in trainers
+                                   if "compile_s" in case[k])
+    if "torch_ref compile" in case:
+        for key in jax_steps:
+            ratio = case["torch_ref compile"]["median_s"] / case[key]["median_s"]
+            case[key]["speed_ratio_vs_torch_compile"] = ratio
+            notes[f"{key} / torch.compile"] = f"{ratio:.3f}"
+    xla = xla_cost["jaxformer"]
+    notes["XLA GFLOP"] = harness.fmt(xla.get("flops") and xla["flops"] / 1e9, ".4g")
+    notes["max rel. loss diff (step 1; all steps)"] = (f"{max(diffs.values()):.1e}; "
+                                                      f"{drift:.1e} over {steps.pop()}")
+    case.update(model=name, family=family, label=spec["label"] if not args.quick else
+                f"{name} ({spec['preset']})", config=f"{cls.__name__}.{spec['preset']}()",
+                batch=B, seq=T, shape=f"{B} x {T}", mlm_head_positions=head_positions,
+                train_config=tc.to_dict(), model_config=dataclasses.asdict(cfg),
+                jax_variants=args.jax_variants,
+                loss_trajectories={k: losses[k] for k in trainers},
+                max_rel_loss_diff_first_step=max(diffs.values()),
+                max_rel_loss_diff_all_steps=drift, notes=notes)
+    return case
+
+
+def parse_args(argv=None):
+    p = harness.argument_parser(__doc__, repeats=5, warmup=1)
+    p.add_argument("--models", default="gpt2,bert",
+                   help="comma-separated subset of: " + ", ".join(WORKLOADS))
+    p.add_argument("--quick", action="store_true",
+                   help=f"tiny configs ({QUICK}), 2 rounds, a small matmul peak: a smoke run")
+    p.add_argument("--batch", type=int, default=None, help="override every model's batch size")
+    p.add_argument("--seq", type=int, default=None, help="override every model's length")
+    p.add_argument("--attention-implementation", default="auto",
+                   choices=("auto", "xla", "cudnn", "einsum"),
+                   help="config.attention_implementation of every candidate (torch_ref: einsum "
+                        "is its explicit path, every other value SDPA)")
+    p.add_argument("--jax-variants", default="",
+                   help="extra jaxformer candidates, comma-separated: " + ", ".join(VARIANTS))
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile candidate")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="write a jax.profiler trace of two jaxformer steps per model under DIR")
+    args = p.parse_args(argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    args.jax_variants = [v.strip() for v in args.jax_variants.split(",") if v.strip()]
+    for m in args.models:
+        if m not in WORKLOADS:
+            p.error(f"unknown model {m!r}; choose from {', '.join(WORKLOADS)}")
+    for v in args.jax_variants:
+        if v not in VARIANTS:
+            p.error(f"unknown jax variant {v!r}; choose from {', '.join(VARIANTS)}")
+    if args.dtype != "float32":
+        p.error("--dtype: the training step is benchmarked in float32 only (torch_ref has no "
+                "mixed-precision step to compare with)")
+    if args.quick:
+        args.repeats, args.warmup = min(args.repeats, 2), min(args.warmup, 1)
+        args.peak_size, args.peak_repeats = args.peak_size or 256, min(args.peak_repeats, 2)
+        args.tag = args.tag or "quick"
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    bench = harness.start(args, "train", title="Training step (fwd + bwd + AdamW): jaxformer "
+                                               "(jit) vs torch_ref (eager, torch.compile)")
+    if bench is None:
+        return 0
+    bench.footnote = ("Candidates: jaxformer.training.step.TrainStep (one jitted update, buffers "
+                      "donated); torch_ref.training.step.TrainStep on the eager and on the "
+                      "compiled model. Dropout 0, the same weights and batch; first-step losses "
+                      f"equal to {LOSS_RTOL} (checked). jaxformer attention: "
+                      f"`{args.attention_implementation}`.")
+    for name in args.models:
+        bench.add(name, bench_workload(name, args, bench))
+    return bench.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
