@@ -61,6 +61,7 @@ JAX_ONLY = {
     "training/data.py": "host-side numpy batches: both frameworks train on the very same data",
     "training/vocab.py": "framework-free tokenizers: both twins train on the ids they give",
     "training/corpus.py": "fetches and splits a text corpus (host-side files, no model)",
+    "training/tasks.py": "framework-free synthetic copy/reverse batches both twins train on",
     "training/loop.py": "one training loop that drives either framework's step",
     "training/command.py": "the `jaxformer train` command",
     "generation/cli.py": "the `jaxformer generate` command (it runs either framework's generate)",

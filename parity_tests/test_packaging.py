@@ -34,7 +34,8 @@ import pytest
 # that importing them loads no framework.
 FRAMEWORK_FREE = ("jaxformer", "jaxformer.config", "jaxformer.validate", "jaxformer.numerics",
                   "jaxformer.generation.checks", "jaxformer.training.config",
-                  "jaxformer.training.data", "jaxformer.training.vocab")
+                  "jaxformer.training.data", "jaxformer.training.vocab",
+                  "jaxformer.training.tasks")
 FRAMEWORKS = ("jax", "jaxlib", "flax", "optax", "orbax", "torch")
 # Not dependencies of `pip install .`: a library import of any of them would fail for users.
 BLOCKED = ("torch", "torchvision", "transformers", "sentence_transformers")

@@ -237,6 +237,23 @@ def _classifier(text, tokenizer, config, specials, eval_fraction):
     return dataset(train, 0), (dataset(held, 1) if len(held) else None)
 
 
+def seq2seq_arrays(src, tgt, seq_len: int, specials: dict[str, int]) -> dict[str, np.ndarray]:
+    """The ``transformer`` arrays of (source ids, target ids) pairs, each cut to ``seq_len - 1``
+    tokens: source ``s [SEP]``, decoder input ``[CLS] t``, labels ``t [SEP]`` (-100 at padding),
+    masks 1 on real tokens."""
+    T = seq_len
+    pad, bos, eos = specials["[PAD]"], specials["[CLS]"], specials["[SEP]"]
+    src_ids = _pad([np.append(s[: T - 1], eos) for s in src], T, pad)
+    tgt_ids = _pad([np.concatenate([[bos], t[: T - 1]]) for t in tgt], T, pad)
+    labels = _pad([np.append(t[: T - 1], eos) for t in tgt], T, IGNORE_INDEX)
+    src_len = np.array([min(len(s), T - 1) + 1 for s in src])
+    tgt_len = np.array([min(len(t), T - 1) + 1 for t in tgt])
+    src_mask = (np.arange(T)[None] < src_len[:, None]).astype(np.int32)
+    tgt_mask = (np.arange(T)[None] < tgt_len[:, None]).astype(np.int32)
+    return {"src_ids": src_ids, "src_mask": src_mask, "tgt_ids": tgt_ids, "tgt_mask": tgt_mask,
+            "labels": labels}
+
+
 def _transformer(text, tokenizer, config, specials, eval_fraction):
     T, lines = config.seq_len, [line for line in text.splitlines() if line.strip()]
     if any("\t" in line for line in lines):
@@ -250,24 +267,14 @@ def _transformer(text, tokenizer, config, specials, eval_fraction):
     if not pairs:
         raise DataError("the data file is too short: transformer training needs at least one "
                         "SOURCE<TAB>TARGET line or two lines")
-    src = _encode(tokenizer, [s for s, _ in pairs])
-    tgt = _encode(tokenizer, [t for _, t in pairs])
-    pad, bos, eos = specials["[PAD]"], specials["[CLS]"], specials["[SEP]"]
-    src_ids = _pad([np.append(s[: T - 1], eos) for s in src], T, pad)
-    tgt_ids = _pad([np.concatenate([[bos], t[: T - 1]]) for t in tgt], T, pad)
-    labels = _pad([np.append(t[: T - 1], eos) for t in tgt], T, IGNORE_INDEX)
-    src_len = np.array([min(len(s), T - 1) + 1 for s in src])
-    tgt_len = np.array([min(len(t), T - 1) + 1 for t in tgt])
-    src_mask = (np.arange(T)[None] < src_len[:, None]).astype(np.int32)
-    tgt_mask = (np.arange(T)[None] < tgt_len[:, None]).astype(np.int32)
+    arrays = seq2seq_arrays(_encode(tokenizer, [s for s, _ in pairs]),
+                            _encode(tokenizer, [t for _, t in pairs]), T, specials)
     train, held = _split(len(pairs), eval_fraction)
 
     def dataset(subset, stream_id):
         def make(indices, rng):
             pick = subset[indices]
-            return {"src_ids": src_ids[pick], "src_mask": src_mask[pick],
-                    "tgt_ids": tgt_ids[pick], "tgt_mask": tgt_mask[pick],
-                    "labels": labels[pick]}
+            return {key: value[pick] for key, value in arrays.items()}
         return Dataset("transformer", len(subset), make, config, tokens_per_example=2 * T,
                        stream=stream_id)
 
