@@ -10,19 +10,33 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jaxformer.training.config import FAMILIES, SCHEDULES, TrainConfig, TrainConfigError
+from jaxformer.training.config import (
+    FAMILIES,
+    GPT_WINDOWS,
+    SCHEDULES,
+    TrainConfig,
+    TrainConfigError,
+)
 
 DESCRIPTION = """\
 Train a model on a text file, in JAX (default) or with the PyTorch twin, and write per-step
 metrics (JSON lines), a loss-curve PNG and orbax checkpoints into the run directory.
 
 What each family makes of the file (UTF-8 text; docs/training.md has the details):
-  gpt          the lines' tokens as one stream cut into --seq-len windows; next-token loss
+  gpt          the lines' tokens as one stream (with --tokenizer char: the raw text) cut into
+               --seq-len windows, or windows at random offsets (--gpt-windows random, nanoGPT's
+               batches); next-token loss
   bert         one sentence per line, blank lines between documents; masked LM + next sentence
   transformer  SOURCE<TAB>TARGET lines (or each line followed by the next); label smoothing
   classifier   LABEL<TAB>TEXT lines; BERT with a classifier on the pooled [CLS] vector
 
-A WordPiece vocabulary is trained on the file unless --tokenizer gives a tokenizer.json."""
+A WordPiece vocabulary is trained on the file unless --tokenizer says otherwise.
+
+nanoGPT's "baby GPT" on character-level Shakespeare (docs/training.md):
+  jaxformer train --family gpt --preset baby --tokenizer char --data train.txt
+    --val-data val.txt --gpt-windows random --steps 2000 --batch-size 12 --seq-len 64
+    --lr 1e-3 --min-lr 1e-4 --schedule cosine --warmup 100 --beta2 0.99 --weight-decay 0.1
+    --clip 1 --eval-every 250 --eval-iters 20"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,8 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="model size: a preset of the family's config (tiny, base, gpt2, "
                           "simple_bert, ...; default tiny)")
     run.add_argument("--data", required=True, metavar="PATH", help="the UTF-8 text file")
-    run.add_argument("--tokenizer", metavar="JSON",
-                     help="a tokenizers tokenizer.json to use instead of training one")
+    run.add_argument("--tokenizer", metavar="KIND|JSON",
+                     help="char (one token per character, nanoGPT's shakespeare_char), bpe "
+                          "(byte-level, GPT-2 style), wordpiece (the default), or the path of a "
+                          "tokenizers tokenizer.json")
     run.add_argument("--vocab-size", type=int, metavar="N",
                      help="size of the vocabulary trained on the file (default: the preset's)")
     run.add_argument("--dropout", type=float, metavar="RATE",
@@ -53,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="split each update's batch into K micro-batches and average their "
                             "gradients (default 1)")
     hyper.add_argument("--seq-len", type=int, default=64, help="tokens per example (default 64)")
+    hyper.add_argument("--gpt-windows", choices=GPT_WINDOWS, default="packed",
+                       help="gpt: packed (consecutive --seq-len windows in a seeded order, the "
+                            "default) or random (seq-len + 1 tokens at seeded random offsets, "
+                            "the targets shifted by one: nanoGPT's get_batch)")
     hyper.add_argument("--lr", type=float, default=1e-3,
                        help="peak learning rate of AdamW (default 1e-3)")
     hyper.add_argument("--min-lr", type=float, default=0.0,
@@ -97,9 +117,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "eval_loss (default DIR/metrics.jsonl)")
     out.add_argument("--plot", metavar="PNG", help="loss curve (default: the metrics path, .png)")
     out.add_argument("--eval-every", type=int, default=0, metavar="K",
-                     help="every K updates, the loss on the held-out tenth of the data "
-                          "(default 0: no evaluation, nothing held out)")
-    out.add_argument("--eval-batches", type=int, default=4, help="held-out batches per evaluation")
+                     help="every K updates, the loss on the held-out tenth of the data or on "
+                          "--val-data (default 0: no evaluation, nothing held out)")
+    out.add_argument("--eval-batches", "--eval-iters", type=int, default=4, metavar="N",
+                     help="batches per evaluation, the same ones each time (default 4)")
+    out.add_argument("--val-data", metavar="PATH",
+                     help="a validation text file: evaluate on it (metrics key val_loss) "
+                          "instead of holding out the data file's last tenth")
     out.add_argument("--progress", choices=("auto", "bar", "plain", "none"), default="auto",
                      help="a progress bar on a terminal, plain lines otherwise (default auto)")
     out.add_argument("--log-every", type=int, default=10, metavar="K",
@@ -119,7 +143,8 @@ def config_from_args(args) -> TrainConfig:
         smoothing = 0.1 if args.family == "transformer" else 0.0
     return TrainConfig(
         steps=args.steps, batch_size=args.batch_size, accumulation_steps=args.accumulation_steps,
-        seq_len=args.seq_len, learning_rate=args.lr, min_learning_rate=args.min_lr,
+        seq_len=args.seq_len, gpt_windows=args.gpt_windows, learning_rate=args.lr,
+        min_learning_rate=args.min_lr,
         warmup_steps=warmup, schedule=schedule, beta1=args.beta1, beta2=args.beta2,
         eps=args.eps, weight_decay=args.weight_decay, decay_embeddings=args.decay_embeddings,
         clip_norm=args.clip, label_smoothing=smoothing, mlm_probability=args.mlm_probability,
@@ -137,7 +162,8 @@ def run(args) -> int:
             tokenizer=args.tokenizer, vocab_size=args.vocab_size, dropout=args.dropout,
             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
             keep=args.keep, resume=args.resume, metrics=args.metrics, plot=args.plot,
-            eval_every=args.eval_every, eval_batches=args.eval_batches, progress=args.progress,
+            eval_every=args.eval_every, eval_batches=args.eval_batches,
+            val_data=args.val_data, progress=args.progress,
             log_every=args.log_every, peak_tflops=args.peak_tflops, compile=args.compile,
             export_hf=args.export_hf)
         result = loop.train(config, options)

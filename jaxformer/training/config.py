@@ -21,6 +21,7 @@ from jaxformer.config import BertConfig, GPTConfig, TransformerConfig
 
 IGNORE_INDEX = -100  # label value that contributes nothing to a loss, as in torch
 SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant")
+GPT_WINDOWS = ("packed", "random")  # how gpt examples are cut from the token stream
 
 # family -> (model config class, the model each framework trains)
 FAMILIES = {
@@ -56,6 +57,9 @@ class TrainConfig:
     batch_size: int = 8
     accumulation_steps: int = 1
     seq_len: int = 64
+    # gpt: "packed" cuts the stream into consecutive seq_len windows read in a seeded order;
+    # "random" draws seq_len + 1 tokens at random offsets (nanoGPT's get_batch), labels = shift.
+    gpt_windows: str = "packed"
     learning_rate: float = 1e-3
     min_learning_rate: float = 0.0
     warmup_steps: int = 0
@@ -90,6 +94,7 @@ class TrainConfig:
             (self.batch_size % self.accumulation_steps == 0, "batch_size",
              f"must be divisible by accumulation_steps ({self.accumulation_steps})"),
             (self.seq_len >= 2, "seq_len", "must be at least 2"),
+            (self.gpt_windows in GPT_WINDOWS, "gpt_windows", f"must be one of {GPT_WINDOWS}"),
             (self.learning_rate > 0, "learning_rate", "must be positive"),
             (0 <= self.min_learning_rate <= self.learning_rate, "min_learning_rate",
              f"must lie in [0, learning_rate={self.learning_rate}]"),

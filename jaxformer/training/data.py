@@ -5,8 +5,12 @@ Both frameworks train on the very batches built here, and every id is range-chec
 
 What each family makes of the data file (UTF-8 text, blank lines ignored except for ``bert``):
 
-- ``gpt``: every line's tokens followed by ``[SEP]`` (end of line), concatenated into one stream
-  cut into windows of ``seq_len`` tokens; the loss predicts each next token of a window.
+- ``gpt``: every line's tokens followed by ``[SEP]`` (end of line), concatenated into one stream;
+  with a character tokenizer (``vocab.char_tokenizer``) the stream is the raw text, newlines
+  included, as nanoGPT's ``shakespeare_char``. ``gpt_windows="packed"`` cuts the stream into
+  windows of ``seq_len`` tokens and the loss predicts each next token of a window (``seq_len - 1``
+  predictions); ``"random"`` is nanoGPT's ``get_batch``: ``seq_len + 1`` tokens at random offsets,
+  ``input_ids`` the first ``seq_len``, ``labels`` the last ``seq_len`` (``seq_len`` predictions).
 - ``bert``: each line is a sentence, blank lines separate documents. Example ``i`` is sentence
   ``i`` as sentence A; half the time B is the next sentence of its document (NSP label 0), else a
   random sentence (label 1). ``[CLS] A [SEP] B [SEP]``, longest first truncated. As BERT's
@@ -24,9 +28,9 @@ What each family makes of the data file (UTF-8 text, blank lines ignored except 
 - ``classifier``: lines ``LABEL<TAB>TEXT``; the labels are the distinct strings, sorted.
 
 Batches are a pure function of ``(seed, position)``: the examples are read through an endless
-sequence of per-epoch permutations, and the random choices of ``bert`` (pairs, masks) come from a
-generator seeded by the position. So a checkpoint need only record the position to resume the
-exact same stream.
+sequence of per-epoch permutations, and the random choices of ``bert`` (pairs, masks) and the
+offsets of random ``gpt`` windows come from a generator seeded by the position. So a
+checkpoint need only record the position to resume the exact same stream.
 """
 
 from __future__ import annotations
@@ -97,8 +101,17 @@ def load_tokenizer(path):
     return Tokenizer.from_file(str(path))
 
 
+def is_char_tokenizer(tokenizer) -> bool:
+    """Whether every token is one character (``vocab.char_tokenizer``): its gpt stream is the
+    raw text, with no ``[SEP]``."""
+    return all(len(token) == 1 for token in tokenizer.get_vocab())
+
+
 def special_ids(tokenizer, family: str) -> dict[str, int]:
-    """The ids of the special tokens ``family`` needs; a clear error if the tokenizer lacks any."""
+    """The ids of the special tokens ``family`` needs; a clear error if the tokenizer lacks any.
+    gpt needs none with a character tokenizer."""
+    if family == "gpt" and is_char_tokenizer(tokenizer):
+        return {}
     ids = {name: tokenizer.token_to_id(name) for name in SPECIAL_TOKENS}
     missing = [name for name in _NEEDED_SPECIALS[family] if ids[name] is None]
     if missing:
@@ -157,6 +170,35 @@ class Dataset:
         return [self.micro_batch(k, size) for k in range(count)]
 
 
+class RandomWindows(Dataset):
+    """nanoGPT's ``get_batch``: each example is ``seq_len + 1`` consecutive tokens of ``tokens``
+    at an offset drawn uniformly from ``[0, len(tokens) - seq_len)`` by a generator seeded by
+    ``(seed, stream, position)``; ``input_ids`` are its first ``seq_len`` tokens, ``labels`` its
+    last ``seq_len``. The offsets are drawn with replacement, so there are no epochs."""
+
+    def __init__(self, tokens: np.ndarray, config: TrainConfig, *, stream: int = 0):
+        T = config.seq_len
+        if len(tokens) < T + 1:
+            raise DataError(f"the data yields {len(tokens)} tokens, fewer than one random window "
+                            f"of seq_len + 1 = {T + 1}")
+        super().__init__("gpt", len(tokens) - T, None, config, tokens_per_example=T,
+                         stream=stream)
+        self.tokens = tokens
+
+    def micro_batch(self, position: int, size: int | None = None) -> dict[str, np.ndarray]:
+        size = self.config.micro_batch_size if size is None else size
+        rng = np.random.default_rng([self.config.seed, self._stream, 2, position])
+        offsets = rng.integers(0, self.num_examples, size)
+        windows = self.tokens[offsets[:, None] + np.arange(self.config.seq_len + 1)]
+        return {"input_ids": windows[:, :-1], "attention_mask": np.ones_like(windows[:, :-1]),
+                "labels": windows[:, 1:]}
+
+    def eval_batches(self, max_batches: int) -> list[dict[str, np.ndarray]]:
+        """``max_batches`` random batches of the stream, the same ones at every evaluation
+        (nanoGPT's ``estimate_loss`` draws fresh ones each time)."""
+        return [self.micro_batch(k) for k in range(max_batches)]
+
+
 def _pad(rows: list[np.ndarray], length: int, value: int) -> np.ndarray:
     out = np.full((len(rows), length), value, np.int32)
     for r, row in enumerate(rows):
@@ -174,13 +216,24 @@ def _split(n: int, eval_fraction: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def build_datasets(family: str, text: str, tokenizer, config: TrainConfig,
-                   eval_fraction: float = 0.0) -> tuple[Dataset, Dataset | None]:
-    """The training dataset and, when ``eval_fraction`` > 0, a held-out one."""
+                   eval_fraction: float = 0.0, eval_text: str | None = None
+                   ) -> tuple[Dataset, Dataset | None]:
+    """The training dataset and, when ``eval_fraction`` > 0, a held-out one. With ``eval_text``
+    (a validation file) the whole ``text`` trains and the evaluation set is ``eval_text``."""
     builder = {"gpt": _gpt, "bert": _bert, "transformer": _transformer,
                "classifier": _classifier}.get(family)
     if builder is None:
         raise ValueError(f"unknown family {family!r}; choose one of {sorted(BATCH_KEYS)}")
-    return builder(text, tokenizer, config, special_ids(tokenizer, family), eval_fraction)
+    specials = special_ids(tokenizer, family)
+    if eval_text is None:
+        return builder(text, tokenizer, config, specials, eval_fraction)
+    train, _ = builder(text, tokenizer, config, specials, 0.0)
+    held, _ = builder(eval_text, tokenizer, config, specials, 0.0)
+    held._stream = 1  # the evaluation stream: its own permutations and random draws
+    if getattr(held, "label_names", None) != getattr(train, "label_names", None):
+        raise DataError(f"the validation file's labels {held.label_names} differ from the "
+                        f"training file's {train.label_names}")
+    return train, held
 
 
 def _lines(text: str) -> list[str]:
@@ -189,8 +242,21 @@ def _lines(text: str) -> list[str]:
 
 def _gpt(text, tokenizer, config, specials, eval_fraction):
     T = config.seq_len
-    stream = np.concatenate([np.append(ids, specials["[SEP]"])
-                             for ids in _encode(tokenizer, _lines(text))])
+    if is_char_tokenizer(tokenizer):
+        from jaxformer.training.vocab import encode_chars  # vocab imports this module
+
+        stream = encode_chars(tokenizer, text)
+    else:
+        stream = np.concatenate([np.append(ids, specials["[SEP]"])
+                                 for ids in _encode(tokenizer, _lines(text))])
+    if config.gpt_windows == "random":
+        cut = len(stream) - (0 if eval_fraction <= 0 else round(len(stream) * eval_fraction))
+        if eval_fraction > 0 and len(stream) - cut < T + 1:
+            raise DataError(f"the held-out tail ({len(stream) - cut} tokens) is shorter than one "
+                            f"random window of seq_len + 1 = {T + 1}; give a longer file, "
+                            f"--val-data or no evaluation")
+        return (RandomWindows(stream[:cut], config),
+                RandomWindows(stream[cut:], config, stream=1) if cut < len(stream) else None)
     if len(stream) < T:
         raise DataError(f"the data file is too short: it yields {len(stream)} tokens, fewer than "
                         f"one window of seq_len={T}")
@@ -358,6 +424,22 @@ def _bert(text, tokenizer, config, specials, eval_fraction):
     return dataset(train, 0), (dataset(held, 1) if len(held) else None)
 
 
+# ------------------------------------------------------------------------- greedy samples
+
+def sample_context(ids, length: int, context: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """For ``sample.greedy_sample`` in both frameworks: the last ``context`` of ``ids``
+    right-padded to ``(1, context)``, its ``[batch, seq]`` mask and the index of its last real
+    token. Refuses an empty prompt or a negative ``length`` (ids are checked by the model)."""
+    if len(ids) == 0:
+        raise ValueError("the prompt is empty: give at least one token to continue")
+    if not isinstance(length, int) or length < 0:
+        raise ValueError(f"length must be a non-negative int, got {length!r}")
+    tail = np.asarray(ids[-context:], np.int32)
+    window = np.zeros((1, context), np.int32)
+    window[0, : len(tail)] = tail
+    return window, (np.arange(context) < len(tail))[None].astype(np.int32), len(tail) - 1
+
+
 # ----------------------------------------------------------------------------- host checks
 
 def check_labels(name: str, labels, num_classes: int, ignore_index: int = IGNORE_INDEX) -> None:
@@ -388,6 +470,8 @@ def check_batch(family: str, batch: dict, model_config) -> None:
         check_labels("labels", batch["labels"], c.tgt_vocab_size)
         return
     validate.check_ids("input_ids", batch["input_ids"], c.vocab_size)
+    if family == "gpt" and "labels" in batch:  # random windows carry their targets
+        check_labels("labels", batch["labels"], c.vocab_size)
     if family in ("bert", "classifier"):
         validate.check_ids("token_type_ids", batch["token_type_ids"], c.type_vocab_size)
     if family == "bert":

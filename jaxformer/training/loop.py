@@ -29,6 +29,8 @@ from jaxformer.training.config import TrainConfig, identity_differences, model_c
 FRAMEWORKS = ("jax", "torch")
 PROGRESS = ("auto", "bar", "plain", "none")
 HF_EXPORTS = ("bert", "classifier", "gpt")  # families checkpoints.hf.save_pretrained writes
+# evaluation keys of a metrics line: on the held-out tenth of the data file, or on --val-data
+EVAL_KEYS = ("eval_loss", "val_loss")
 _FLOPS_MODELS = {"bert": "BertForPreTraining", "classifier": "BertForSequenceClassification"}
 
 
@@ -59,6 +61,7 @@ class RunOptions:
     plot: str | None = None
     eval_every: int = 0
     eval_batches: int = 4
+    val_data: str | None = None  # a validation text file instead of the held-out tenth
     progress: str = "auto"
     log_every: int = 10
     peak_tflops: float | None = None
@@ -73,6 +76,8 @@ class RunOptions:
                  (self.keep >= 1, "keep", "at least 1"),
                  (self.eval_every >= 0, "eval_every", "0 (never) or more"),
                  (self.eval_batches >= 1, "eval_batches", "at least 1"),
+                 (self.val_data is None or self.eval_every > 0, "val_data",
+                  "given only with eval_every > 0 (it is read by the evaluations)"),
                  (self.log_every >= 1, "log_every", "at least 1"),
                  (self.vocab_size is None or self.vocab_size >= 8, "vocab_size", "at least 8"),
                  (self.peak_tflops is None or self.peak_tflops > 0, "peak_tflops", "positive"),
@@ -156,18 +161,26 @@ def prepare(config: TrainConfig, options: RunOptions):
     if not options.resume and (run_json.is_file() or (run_dir / "checkpoints").exists()):
         raise ResumeError(f"{run_dir} already holds a run; pass --resume to continue it or "
                           f"choose another --checkpoint-dir (nothing was overwritten)")
+    if config.gpt_windows != "packed" and options.family != "gpt":
+        raise ValueError(f"gpt_windows {config.gpt_windows!r} is for the gpt family only, got "
+                         f"family {options.family!r}")
     text = data.read_text(options.data)
+    val_text = data.read_text(options.val_data) if options.val_data else None
     base = model_config(options.family, options.preset)
     if options.resume:
         tokenizer = data.load_tokenizer(run_dir / "tokenizer.json")
     elif options.tokenizer:
-        tokenizer = data.load_tokenizer(options.tokenizer)
+        # a character vocabulary spans both files, as nanoGPT's spans its whole corpus; learned
+        # vocabularies see the training text only
+        vocab_text = text + (val_text or "") if options.tokenizer == "char" else text
+        tokenizer = vocab.build_tokenizer(options.tokenizer, vocab_text,
+                                          options.vocab_size or _vocab_of(base))
     else:
         tokenizer = vocab.wordpiece_tokenizer(text.splitlines(),
                                               options.vocab_size or _vocab_of(base))
-    eval_fraction = 0.1 if options.eval_every else 0.0
+    eval_fraction = 0.1 if options.eval_every and val_text is None else 0.0
     train_set, eval_set = data.build_datasets(options.family, text, tokenizer, config,
-                                              eval_fraction)
+                                              eval_fraction, eval_text=val_text)
     specials = data.special_ids(tokenizer, options.family)
     model_cfg = model_config(options.family, options.preset,
                              vocab_size=tokenizer.get_vocab_size(), pad_id=specials.get("[PAD]"),
@@ -177,6 +190,8 @@ def prepare(config: TrainConfig, options: RunOptions):
                          f"max_position_embeddings ({model_cfg.max_position_embeddings})")
     identity = run_identity(options.family, options.framework, model_cfg, config,
                             data.file_sha256(options.data))
+    if options.val_data:
+        identity["val_data_sha256"] = data.file_sha256(options.val_data)
     if options.resume:
         saved = json.loads(run_json.read_text())["identity"]
         differences = identity_differences(saved, identity)
@@ -215,6 +230,7 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
     _write_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
     step_flops = _step_flops(family, model_cfg, config)
     eval_sets = eval_set.eval_batches(options.eval_batches) if eval_set is not None else []
+    eval_key = "val_loss" if options.val_data else "eval_loss"  # the validation file's, or not
     use_bar = options.progress == "bar" or (options.progress == "auto" and sys.stderr.isatty())
     bar = None
     if use_bar:
@@ -251,7 +267,7 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
                         record["mfu"] = record["model_tflops_per_s"] / options.peak_tflops
                 last = step + 1 == config.steps
                 if eval_sets and ((step + 1) % options.eval_every == 0 or last):
-                    record["eval_loss"] = sum(map(trainer.evaluate, eval_sets)) / len(eval_sets)
+                    record[eval_key] = sum(map(trainer.evaluate, eval_sets)) / len(eval_sets)
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
                 losses.append(result["loss"])
@@ -292,8 +308,9 @@ def data_tokens(dataset: data.Dataset, config: TrainConfig) -> int:
 def _report(record: dict, total: int, bar, options: RunOptions, stream, last: bool) -> None:
     if bar is not None:
         postfix = {"loss": f"{record['loss']:.4f}", "lr": f"{record['learning_rate']:.2e}"}
-        if "eval_loss" in record:
-            postfix["eval"] = f"{record['eval_loss']:.4f}"
+        for key in EVAL_KEYS:
+            if key in record:
+                postfix[key.removesuffix("_loss")] = f"{record[key]:.4f}"
         bar.set_postfix(postfix, refresh=False)
         bar.update(1)
     elif options.progress != "none" and (record["step"] % options.log_every == 0 or last
@@ -301,8 +318,9 @@ def _report(record: dict, total: int, bar, options: RunOptions, stream, last: bo
         line = (f"step {record['step']}/{total}  loss {record['loss']:.6f}  "
                 f"lr {record['learning_rate']:.3e}  grad_norm {record['grad_norm']:.4f}  "
                 f"tokens/s {record['tokens_per_s']:.0f}")
-        if "eval_loss" in record:
-            line += f"  eval_loss {record['eval_loss']:.6f}"
+        for key in EVAL_KEYS:
+            if key in record:
+                line += f"  {key} {record[key]:.6f}"
         print(line, file=stream, flush=True)
 
 
@@ -317,9 +335,10 @@ def plot_losses(records: list[dict], path: Path, title: str) -> None:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 1]})
     top.plot(steps, [r["loss"] for r in records], label="train loss")
-    evals = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
-    if evals:
-        top.plot(*zip(*evals), "o-", label="eval loss")
+    for key in EVAL_KEYS:
+        evals = [(r["step"], r[key]) for r in records if key in r]
+        if evals:
+            top.plot(*zip(*evals), "o-", label=key.replace("_", " "))
     top.set_ylabel("loss")
     top.set_title(title)
     top.legend()

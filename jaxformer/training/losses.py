@@ -77,7 +77,8 @@ def classification_loss(logits, labels):
 
 
 def batch_loss(family: str, model, batch: dict, config: TrainConfig):
-    """The family's training objective on one micro-batch (keys: ``data.BATCH_KEYS[family]``)."""
+    """The family's training objective on one micro-batch (keys: ``data.BATCH_KEYS[family]``;
+    a gpt batch with ``labels``, from random windows, is scored against them at every position)."""
     if family == "bert":
         _, mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"],
                                           batch["attention_mask"], batch["masked_positions"])
@@ -85,6 +86,8 @@ def batch_loss(family: str, model, batch: dict, config: TrainConfig):
                 + next_sentence_loss(nsp_logits, batch["nsp_labels"]))
     if family == "gpt":
         logits = model(batch["input_ids"], batch["attention_mask"])
+        if "labels" in batch:  # random windows (nanoGPT): a target for each of the T positions
+            return cross_entropy(logits, batch["labels"])
         return causal_lm_loss(logits, batch["input_ids"], batch["attention_mask"])
     if family == "transformer":
         logits = model(batch["src_ids"], batch["tgt_ids"], batch["src_mask"], batch["tgt_mask"])

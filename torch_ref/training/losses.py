@@ -60,6 +60,8 @@ def batch_loss(family: str, model, batch: dict, config: TrainConfig):
                 + next_sentence_loss(nsp_logits, batch["nsp_labels"]))
     if family == "gpt":
         logits = model(batch["input_ids"], batch["attention_mask"])
+        if "labels" in batch:  # random windows (nanoGPT): a target for each of the T positions
+            return cross_entropy(logits, batch["labels"])
         return causal_lm_loss(logits, batch["input_ids"], batch["attention_mask"])
     if family == "transformer":
         logits = model(batch["src_ids"], batch["tgt_ids"], batch["src_mask"], batch["tgt_mask"])
