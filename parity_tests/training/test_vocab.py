@@ -23,6 +23,7 @@ def test_char_ids_are_nanogpts():
     assert tokenizer.get_vocab() == stoi
     ids = vocab.encode_chars(tokenizer, TEXT)
     assert ids.dtype == np.int32 and ids.tolist() == [stoi[c] for c in TEXT]
+    assert tokenizer.encode(TEXT).ids == ids.tolist()  # the tokenizer itself gives these ids
     assert tokenizer.decode(ids.tolist()) == TEXT
     assert tokenizer.to_str().count('"added_tokens":[]') == 1  # no special token
 
@@ -33,6 +34,7 @@ def test_char_round_trip_of_any_text(text):
     tokenizer = vocab.char_tokenizer(text)
     ids = vocab.encode_chars(tokenizer, text)
     assert ids.tolist() == [sorted(set(text)).index(c) for c in text]
+    assert tokenizer.encode(text).ids == ids.tolist()
     assert tokenizer.decode(ids.tolist()) == text
 
 
@@ -50,7 +52,7 @@ def test_a_character_outside_the_vocabulary_is_an_error():
         vocab.encode_chars(tokenizer, "abczaz")
     with pytest.raises(DataError, match="non-empty"):
         vocab.char_tokenizer("")
-    with pytest.raises(DataError, match="not a character tokenizer"):
+    with pytest.raises(DataError, match="needs a character tokenizer"):
         vocab.encode_chars(vocab.wordpiece_tokenizer(["ab ab", "b a"], 20), "ab")
 
 
