@@ -164,10 +164,14 @@ def clean(name: str, text: str) -> str:
 
 # ---------------------------------------------------------------------------------- the split
 
-def split_documents(sizes: dict[str, int], val_fraction: float) -> list[str]:
-    """The names that go to validation (see the module's docstring), sorted."""
+def check_val_fraction(val_fraction: float) -> None:
     if not 0 < val_fraction < 1:
         raise CorpusError(f"the validation fraction must lie in (0, 1), got {val_fraction}")
+
+
+def split_documents(sizes: dict[str, int], val_fraction: float) -> list[str]:
+    """The names that go to validation (see the module's docstring), sorted."""
+    check_val_fraction(val_fraction)
     target, val = val_fraction * sum(sizes.values()), 0
     chosen = []
     for name in sorted(sizes, key=lambda n: sha256_of(n.encode())):
@@ -278,8 +282,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     try:
-        if not 0 < args.val_fraction < 1:
-            raise CorpusError(f"--val-fraction must lie in (0, 1), got {args.val_fraction}")
+        check_val_fraction(args.val_fraction)  # before any download
         archive = download(Path(args.cache))
         manifest = prepare(archive, Path(args.out), val_fraction=args.val_fraction,
                            force=args.force)
