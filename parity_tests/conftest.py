@@ -38,3 +38,16 @@ def _one_torch_thread():
 @pytest.fixture
 def rng() -> np.random.RandomState:
     return np.random.RandomState(1234)
+
+
+@pytest.fixture(params=[False, True], ids=["unrolled", "scanned"])
+def scan_layers(request):
+    """Runs a test twice: as written, then with every jaxformer layer stack scanned
+    (``helpers.scanned_stacks``). Opt in with ``@pytest.mark.usefixtures("scan_layers")``."""
+    if not request.param:
+        yield False
+        return
+    from parity_tests.helpers import scanned_stacks
+
+    with scanned_stacks():
+        yield True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 
 import numpy as np
@@ -9,6 +11,7 @@ import torch
 from flax import nnx
 
 from jaxformer.checkpoints import convert
+from jaxformer.nn.stack import LayerStack
 
 # DESIGN.md: max abs diff <= 1e-5 relative to the output's scale.
 FORWARD_RTOL = 1e-5
@@ -76,6 +79,29 @@ def twin_pair(torch_cls, jax_cls, config, seed: int = 0, randomized: bool = Fals
     convert.torch_to_nnx(torch_model.state_dict(), jax_model)
     jax_model.eval()
     return torch_model, jax_model
+
+
+_UNROLLED_INIT = LayerStack.__init__
+
+
+@contextlib.contextmanager
+def scanned_stacks():
+    """Every jaxformer ``LayerStack`` built inside is scanned, whatever its config says: how the
+    ``scan_layers`` fixture (conftest.py) runs a test written for one mode in both. The torch
+    twin has no scan; its state dict, and so the comparison, is the same."""
+    def scanned(self, config, *args, **kwargs):
+        _UNROLLED_INIT(self, dataclasses.replace(config, scan_layers=True), *args, **kwargs)
+
+    LayerStack.__init__ = scanned
+    try:
+        yield
+    finally:
+        LayerStack.__init__ = _UNROLLED_INIT
+
+
+def scanning() -> bool:
+    """Whether :func:`scanned_stacks` is active (for caches of built models)."""
+    return LayerStack.__init__ is not _UNROLLED_INIT
 
 
 MASK_KINDS = ("none", "right_padding", "left_padding", "fully_padded_row")

@@ -15,6 +15,10 @@ Key sets must match exactly, every shape must agree and every value must be a fi
 number (an integer or boolean tensor is not a weight, and a NaN or infinite weight would poison
 every output without a word); otherwise nothing is loaded and the error lists every missing,
 unexpected, mis-shaped, non-floating and non-finite key. Tied weights exist once on both sides.
+A scanned layer stack (``config.scan_layers``, ``jaxformer/nn/stack.py``) holds each weight once
+for all layers, stacked on a leading axis at ``<stack>.stacked.<rest>``; it maps to the per-layer
+torch keys ``<stack>.{i}.<rest>`` (layer ``i`` is slice ``i``), so the state dict, its checks and
+its errors are the same in both modes.
 ``nnx_to_torch`` returns fresh, writable arrays that ``torch.from_numpy`` takes as they are.
 """
 
@@ -33,6 +37,7 @@ from jaxformer.checkpoints.checks import (
     VALUE_HINT,
     weight_problems,
 )
+from jaxformer.nn.stack import LayerStack
 
 LEAF_RULES = {  # NNX leaf -> (torch leaf, transpose?)
     "kernel": ("weight", True),
@@ -46,23 +51,36 @@ class StateDictMismatchError(ValueError):
     """The state_dict does not fit the model: lists missing, unexpected and mis-shaped keys."""
 
 
-def _torch_layout(model: nnx.Module) -> dict[str, tuple[nnx.Variable, bool]]:
-    """torch key -> (the NNX parameter it maps to, whether it is transposed)."""
+def _per_layer(path: tuple, stacks: dict[tuple, int]) -> list[tuple[tuple, int | None]]:
+    """A parameter's torch-side paths: ``[(path, None)]``, or one ``(path, layer)`` per layer
+    when it lies in a scanned stack (``<stack>.stacked.<rest>`` -> ``<stack>.{i}.<rest>``)."""
+    for n in range(len(path)):
+        if path[:n] in stacks and path[n] == "stacked":
+            return [((*path[:n], i, *path[n + 1:]), i) for i in range(stacks[path[:n]])]
+    return [(path, None)]
+
+
+def _torch_layout(model: nnx.Module) -> dict[str, tuple[nnx.Variable, bool, int | None]]:
+    """torch key -> (the NNX parameter it maps to, whether it is transposed, the layer it is a
+    slice of in a scanned stack or None)."""
+    stacks = {tuple(path): len(node) for path, node in nnx.iter_graph(model)
+              if isinstance(node, LayerStack) and node.scan_layers}
     layout = {}
-    for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        leaf = str(path[-1])
-        if leaf not in LEAF_RULES:
-            raise ValueError(f"parameter {'.'.join(map(str, path))} has leaf {leaf!r}, which has "
-                             f"no torch counterpart (known: {sorted(LEAF_RULES)})")
-        torch_leaf, transpose = LEAF_RULES[leaf]
-        layout[".".join([*map(str, path[:-1]), torch_leaf])] = (variable, transpose)
+    for stacked_path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        for path, layer in _per_layer(tuple(stacked_path), stacks):
+            leaf = str(path[-1])
+            if leaf not in LEAF_RULES:
+                raise ValueError(f"parameter {'.'.join(map(str, path))} has leaf {leaf!r}, which "
+                                 f"has no torch counterpart (known: {sorted(LEAF_RULES)})")
+            torch_leaf, transpose = LEAF_RULES[leaf]
+            layout[".".join([*map(str, path[:-1]), torch_leaf])] = (variable, transpose, layer)
     return layout
 
 
 def torch_shapes(model: nnx.Module) -> dict[str, tuple[int, ...]]:
     """torch key -> shape, as the torch twin's ``state_dict`` would have them."""
-    return {key: tuple(variable.get_value().shape)[::-1 if transpose else 1]
-            for key, (variable, transpose) in _torch_layout(model).items()}
+    return {key: tuple(variable.get_value().shape)[layer is not None:][::-1 if transpose else 1]
+            for key, (variable, transpose, layer) in _torch_layout(model).items()}
 
 
 def abstract_model(build: Callable[[], nnx.Module]) -> nnx.Module:
@@ -105,8 +123,9 @@ def nnx_to_torch(model: nnx.Module) -> dict[str, np.ndarray]:
     writable copies (``np.asarray`` of a JAX array is a read-only view, which
     ``torch.from_numpy`` would take with a warning and the model then share)."""
     out = {}
-    for key, (variable, transpose) in _torch_layout(model).items():
+    for key, (variable, transpose, layer) in _torch_layout(model).items():
         value = np.asarray(variable.get_value())
+        value = value if layer is None else value[layer]
         out[key] = np.array(value.T if transpose else value, order="C", copy=True)
     return out
 
@@ -142,8 +161,17 @@ def torch_to_nnx(state_dict, model: nnx.Module) -> nnx.Module:
         if non_floating or non_finite:
             lines.append(VALUE_HINT)
         raise StateDictMismatchError("\n".join(lines))
-    for key, (variable, transpose) in layout.items():
+    values = {}  # id(variable) -> (variable, its new value as numpy)
+    for key, (variable, transpose, layer) in layout.items():
         value = given[key].T if transpose else given[key]
+        current = variable.get_value()
+        if layer is None:
+            values[id(variable)] = (variable, value)
+            continue
+        if id(variable) not in values:
+            values[id(variable)] = (variable, np.empty(current.shape, current.dtype))
+        values[id(variable)][1][layer] = value
+    for variable, value in values.values():
         # Copy into a JAX array: ``tensor.numpy()`` shares the tensor's memory, so a numpy view
         # kept here would silently follow later in-place updates of the torch model.
         variable.set_value(jnp.asarray(np.array(value, dtype=variable.get_value().dtype)))

@@ -58,8 +58,12 @@ def _gather(x, indices):
 
 
 def _rows(cache, fn):
-    """Apply ``fn`` to every per-row leaf of a cache (all but the scalar ``index``)."""
-    return jax.tree.map(lambda x: fn(x) if x.ndim else x, cache)
+    """Apply ``fn(leaf, axis)`` to every per-row leaf of a cache (all but the scalar ``index``),
+    ``axis`` being its row axis: 0, or 1 in the layers of a scanned stack (a pytree of arrays with
+    a leading layer axis, where an unrolled stack has a list; see ``jaxformer/nn/stack.py``)."""
+    axis = {"layers": 0 if isinstance(cache["layers"], list) else 1}
+    return {name: jax.tree.map(lambda x: fn(x, axis.get(name, 0)) if x.ndim else x, value)
+            for name, value in cache.items()}
 
 
 def greedy(step_fn, logits, cache, prompt, options: checks.Options, values, streamer=None):
@@ -164,7 +168,7 @@ def beam(step_fn, logits, cache, prompt, options: checks.Options, values):
         state["scores"] = _gather(merged_scores, best)
 
         rows = (batch_offset + source).reshape(-1)  # each running beam's parent row
-        state["cache"] = _rows(state["cache"], lambda x: jnp.take(x, rows, axis=0))
+        state["cache"] = _rows(state["cache"], lambda x, axis: jnp.take(x, rows, axis=axis))
         step = step + 1
         best_running = state["running_scores"][:, :1] / values["best_length_penalty"][step]
         worst_finished = jnp.where(state["finished"],
@@ -191,7 +195,7 @@ def beam(step_fn, logits, cache, prompt, options: checks.Options, values):
         "finished": jnp.zeros((B, nb), bool), "lengths": jnp.zeros((B, nb), jnp.int32),
         "unsatisfied": jnp.ones((B, 1), bool),
         # the prompt ran once per row; every beam of a row starts from its cache
-        "cache": _rows(cache, lambda x: jnp.repeat(x, nb, axis=0)),
+        "cache": _rows(cache, lambda x, axis: jnp.repeat(x, nb, axis=axis)),
     }
     state = select(state, jnp.repeat(logits, nb, axis=0))
     state = jax.lax.while_loop(lambda s: ~s["done"] & (s["step"] < N), body, state)

@@ -17,6 +17,7 @@ from jaxformer.config import BertConfig
 from jaxformer.nn.layers import ACTIVATIONS, TransformerBlock
 from jaxformer.nn.masks import padding_mask
 from jaxformer.nn.params import embedding, layer_norm, linear
+from jaxformer.nn.stack import LayerStack
 
 
 class BertEmbeddings(nnx.Module):
@@ -39,13 +40,10 @@ class BertEmbeddings(nnx.Module):
 
 class BertEncoder(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
-        self.layers = nnx.List([TransformerBlock(config, rngs=rngs)
-                                for _ in range(config.num_layers)])
+        self.layers = LayerStack(config, TransformerBlock, config.num_layers, rngs=rngs)
 
     def __call__(self, hidden_states, mask=None):
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, mask)
-        return hidden_states
+        return self.layers(hidden_states, mask)
 
 
 class BertPooler(nnx.Module):

@@ -24,8 +24,9 @@ computes every decoder layer's cross-attention keys and values from the memory o
 preallocates the self-attention cache; ``decode(tgt_ids, None, cache=cache)`` then runs only the
 new target tokens (positions continue from the cache's index) and returns ``(logits, cache)``.
 The cache is plain data: ``{"layers": [{"self": {"key", "value"} (B, nh, L, hs), "cross":
-{"key", "value"} (B, nh, S, hs)}], "mask": (B, L) real target tokens in the filled slots,
-"index": slots filled, "source_mask": (B, S)}``.
+{"key", "value"} (B, nh, S, hs)}] (scanned stacks: one such dict of arrays with a leading layer
+axis, see nn/stack.py), "mask": (B, L) real target tokens in the filled slots, "index": slots
+filled, "source_mask": (B, S)}``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from jaxformer.nn.attention import MultiHeadAttention, cache_mask
 from jaxformer.nn.layers import FeedForward, TransformerBlock, split_cache
 from jaxformer.nn.masks import causal_mask, combine_masks, padding_mask
 from jaxformer.nn.params import embedding, layer_norm, linear
+from jaxformer.nn.stack import LayerStack
 from jaxformer.numerics import sinusoidal_positions
 
 # The fixed table of positions, computed once per size on the host.
@@ -145,13 +147,11 @@ class Encoder(nnx.Module):
     """Embedded source ``(B, S, C)`` -> memory ``(B, S, C)``; ``final_norm`` if configured."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        self.layers = nnx.List([EncoderLayer(config, rngs=rngs)
-                                for _ in range(config.num_encoder_layers)])
+        self.layers = LayerStack(config, EncoderLayer, config.num_encoder_layers, rngs=rngs)
         self.final_norm = layer_norm(config, rngs=rngs) if config.final_layer_norm else None
 
     def __call__(self, hidden_states, mask=None):
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, mask)
+        hidden_states = self.layers(hidden_states, mask)
         if self.final_norm is not None:
             hidden_states = self.final_norm(hidden_states)
         return hidden_states
@@ -161,21 +161,15 @@ class Decoder(nnx.Module):
     """Embedded target ``(B, T, C)`` and memory ``(B, S, C)`` -> hidden states ``(B, T, C)``."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        self.layers = nnx.List([DecoderLayer(config, rngs=rngs)
-                                for _ in range(config.num_decoder_layers)])
+        self.layers = LayerStack(config, DecoderLayer, config.num_decoder_layers, rngs=rngs)
         self.final_norm = layer_norm(config, rngs=rngs) if config.final_layer_norm else None
 
     def __call__(self, hidden_states, memory, self_mask=None, cross_mask=None, cache=None,
                  cache_index=None):
         """With ``cache`` (one per layer) returns ``(hidden_states, new caches)``."""
-        new_cache = []
-        for n, layer in enumerate(self.layers):
-            if cache is None:
-                hidden_states = layer(hidden_states, memory, self_mask, cross_mask)
-            else:
-                hidden_states, layer_cache = layer(hidden_states, memory, self_mask, cross_mask,
-                                                   cache[n], cache_index)
-                new_cache.append(layer_cache)
+        out = self.layers(hidden_states, memory, self_mask, cross_mask, cache=cache,
+                          cache_index=cache_index)
+        hidden_states, new_cache = (out, None) if cache is None else out
         if self.final_norm is not None:
             hidden_states = self.final_norm(hidden_states)
         return hidden_states if cache is None else (hidden_states, new_cache)
@@ -216,9 +210,9 @@ class Transformer(nnx.Module):
         B, S, _ = memory.shape
         shape = (B, self.config.num_heads, max_length, self.config.head_dim)
         dtype = jnp.dtype(self.config.dtype)
-        layers = [{"self": {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)},
-                   "cross": layer.cross_attention.key_value(memory)}
-                  for layer in self.decoder.layers]
+        layers = self.decoder.layers.map(lambda layer: {
+            "self": {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)},
+            "cross": layer.cross_attention.key_value(memory)})
         source_mask = jnp.ones((B, S), bool) if src_mask is None else jnp.asarray(src_mask) > 0
         return {"layers": layers, "mask": jnp.zeros((B, max_length), bool),
                 "index": jnp.zeros((), jnp.int32), "source_mask": source_mask}

@@ -20,7 +20,8 @@ meaningless; nothing real attends to them.
 
 Decoding with a KV cache (``jaxformer.generation``): ``init_cache`` preallocates one, and
 ``hidden_states`` / ``__call__`` given ``cache=`` run only the new tokens and return ``(output,
-new cache)``. The cache is plain data: ``{"layers": [{"key", "value"} (B, nh, L, hs) per block],
+new cache)``. The cache is plain data: ``{"layers": [{"key", "value"} (B, nh, L, hs) per block]
+(scanned stacks: one ``{"key", "value"}`` of ``(layers, B, nh, L, hs)``, see nn/stack.py),
 "mask": (B, L) bool, real tokens in the filled slots, "index": slots filled, "positions": (B,)
 position of each row's next real token}``. The new tokens' positions continue each row's count
 of real tokens, so a left-padded prompt and its continuation get exactly the positions and the
@@ -40,6 +41,7 @@ from jaxformer.nn.attention import cache_mask
 from jaxformer.nn.layers import TransformerBlock
 from jaxformer.nn.masks import causal_mask, combine_masks, padding_mask
 from jaxformer.nn.params import embedding, layer_norm, linear
+from jaxformer.nn.stack import LayerStack
 
 
 def position_ids_from_mask(attention_mask) -> jnp.ndarray:
@@ -78,8 +80,7 @@ class GPT(nnx.Module):
     def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.embeddings = GPTEmbeddings(config, rngs=rngs)
-        self.blocks = nnx.List([TransformerBlock(config, rngs=rngs)
-                                for _ in range(config.num_layers)])
+        self.blocks = LayerStack(config, TransformerBlock, config.num_layers, rngs=rngs)
         self.final_layer_norm = layer_norm(config, rngs=rngs) if config.final_layer_norm else None
         self.lm_head = (None if config.tie_word_embeddings else
                         linear(config.hidden_size, config.vocab_size, config, rngs=rngs,
@@ -89,8 +90,8 @@ class GPT(nnx.Module):
         """An empty cache of ``max_length`` slots for ``batch_size`` rows (see the module doc)."""
         shape = (batch_size, self.config.num_heads, max_length, self.config.head_dim)
         dtype = jnp.dtype(self.config.dtype)
-        return {"layers": [{"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)}
-                           for _ in self.blocks],
+        return {"layers": self.blocks.map(lambda block: {"key": jnp.zeros(shape, dtype),
+                                                         "value": jnp.zeros(shape, dtype)}),
                 "mask": jnp.zeros((batch_size, max_length), bool),
                 "index": jnp.zeros((), jnp.int32),
                 "positions": jnp.zeros((batch_size,), jnp.int32)}
@@ -108,9 +109,7 @@ class GPT(nnx.Module):
             position_ids = position_ids_from_mask(attention_mask)  # (B, T)
         mask = attention_mask_4d(attention_mask, T)  # (B or 1, 1, T, T)
         x = self.embeddings(input_ids, position_ids)
-        for block in self.blocks:
-            x = block(x, mask)
-        return self._final_norm(x)
+        return self._final_norm(self.blocks(x, mask))
 
     def _cached_hidden_states(self, input_ids, attention_mask, cache):
         (B, T), index = input_ids.shape, cache["index"]
@@ -122,10 +121,7 @@ class GPT(nnx.Module):
         valid = jax.lax.dynamic_update_slice(cache["mask"], new, (0, index))  # (B, L)
         mask = cache_mask(valid, index, T)  # (B, 1, T, L)
         x = self.embeddings(input_ids, position_ids)
-        layers = []
-        for block, layer_cache in zip(self.blocks, cache["layers"]):
-            x, layer_cache = block(x, mask, layer_cache, index)
-            layers.append(layer_cache)
+        x, layers = self.blocks(x, mask, cache=cache["layers"], cache_index=index)
         cache = {"layers": layers, "mask": valid, "index": index + T,
                  "positions": cache["positions"] + counts[:, -1]}
         return self._final_norm(x), cache

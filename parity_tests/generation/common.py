@@ -14,7 +14,7 @@ import transformers
 from flax import nnx
 
 from jaxformer.config import GPTConfig, TransformerConfig
-from parity_tests.helpers import twin_pair
+from parity_tests.helpers import scanning, twin_pair
 
 transformers.utils.logging.disable_progress_bar()
 transformers.utils.logging.set_verbosity_error()
@@ -31,10 +31,14 @@ SEQ2SEQ_PRE_LN = dataclasses.replace(  # learned positions, shared and tied, pre
 MIN_GAP = 1e-3  # near-tie guard: smallest top-2 logit gap at a compared decision
 
 
-@functools.lru_cache(maxsize=None)
 def model_pair(torch_cls, jax_cls, config, seed: int = 0):
-    """(torch_ref model, jaxformer model) with the same randomized weights, both in eval; cached,
-    so tests only read them."""
+    """(torch_ref model, jaxformer model) with the same randomized weights, both in eval; cached
+    (per layer-stack mode, see the ``scan_layers`` fixture), so tests only read them."""
+    return _model_pair(torch_cls, jax_cls, config, seed, scanning())
+
+
+@functools.lru_cache(maxsize=None)
+def _model_pair(torch_cls, jax_cls, config, seed, scanned):
     return twin_pair(torch_cls, jax_cls, config, seed, randomized=True)
 
 

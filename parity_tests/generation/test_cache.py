@@ -36,6 +36,7 @@ from torch_ref.models import gpt as tgpt
 P, N = 6, 5  # prompt width, tokens decoded one by one
 
 
+@pytest.mark.usefixtures("scan_layers")
 @pytest.mark.parametrize("config", [GPT_PRE_LN, GPT_POST_LN], ids=["pre_ln", "post_ln"])
 def test_gpt_cached_logits_equal_full_forward(config):
     torch_model, jax_model = model_pair(tgpt.GPT, jgpt.GPT, config)
@@ -91,6 +92,7 @@ def test_gpt_cache_rows_and_positions():
     np.testing.assert_array_equal(np.asarray(cache["positions"]), [5, 3])
 
 
+@pytest.mark.usefixtures("scan_layers")
 @pytest.mark.parametrize("config", [SEQ2SEQ_POST_LN, SEQ2SEQ_PRE_LN], ids=["post_ln", "pre_ln"])
 def test_encoder_decoder_cached_logits_equal_full_forward(config):
     """Cross-attention keys and values are computed once, in ``init_cache``; the target is

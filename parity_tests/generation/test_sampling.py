@@ -130,6 +130,7 @@ def test_sampler_follows_the_processed_distribution():
     assert stats.chisquare(counts[kept], expected).pvalue > 1e-3
 
 
+@pytest.mark.usefixtures("scan_layers")
 @pytest.mark.parametrize("num_beams", [1, 2])
 def test_seeded_sampling_is_reproducible_and_identical_in_both_twins(num_beams):
     torch_model, jax_model = model_pair(tgpt.GPT, jgpt.GPT, GPT_PRE_LN)

@@ -45,6 +45,7 @@ def naive_greedy(model, src, src_mask, eos):
     return tgt, float(np.concatenate(gaps).min())
 
 
+@pytest.mark.usefixtures("scan_layers")
 def test_greedy_equals_full_forward_greedy_in_both_twins():
     torch_model, jax_model = model_pair(ted.Transformer, jed.Transformer, SEQ2SEQ_PRE_LN)
     src, src_mask = source()
@@ -61,6 +62,7 @@ def test_greedy_equals_full_forward_greedy_in_both_twins():
     assert (expected[0, 4:] == PAD).all()
 
 
+@pytest.mark.usefixtures("scan_layers")
 @pytest.mark.parametrize("num_beams", [3])
 def test_beam_search_and_sampling_identical_in_both_twins(num_beams):
     torch_model, jax_model = model_pair(ted.Transformer, jed.Transformer, SEQ2SEQ_PRE_LN)

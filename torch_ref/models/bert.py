@@ -13,6 +13,7 @@ from jaxformer.config import BertConfig
 from torch_ref.nn.layers import ACTIVATIONS, TransformerBlock
 from torch_ref.nn.masks import padding_mask
 from torch_ref.nn.params import init_weights, layer_norm
+from torch_ref.nn.stack import LayerStack
 
 
 class BertEmbeddings(nn.Module):
@@ -37,12 +38,10 @@ class BertEmbeddings(nn.Module):
 class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.layers = nn.ModuleList([TransformerBlock(config) for _ in range(config.num_layers)])
+        self.layers = LayerStack(config, TransformerBlock, config.num_layers)
 
     def forward(self, hidden_states, mask=None):
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, mask)
-        return hidden_states
+        return self.layers(hidden_states, mask)
 
 
 class BertPooler(nn.Module):

@@ -21,6 +21,7 @@ from torch_ref.nn.attention import MultiHeadAttention, cache_mask
 from torch_ref.nn.layers import FeedForward, TransformerBlock, split_cache
 from torch_ref.nn.masks import causal_mask, combine_masks, padding_mask
 from torch_ref.nn.params import init_weights, layer_norm
+from torch_ref.nn.stack import LayerStack
 
 
 class TransformerEmbeddings(nn.Module):
@@ -97,13 +98,11 @@ class DecoderLayer(nn.Module):
 class Encoder(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.layers = nn.ModuleList([EncoderLayer(config)
-                                     for _ in range(config.num_encoder_layers)])
+        self.layers = LayerStack(config, EncoderLayer, config.num_encoder_layers)
         self.final_norm = layer_norm(config) if config.final_layer_norm else None
 
     def forward(self, hidden_states, mask=None):
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, mask)
+        hidden_states = self.layers(hidden_states, mask)
         if self.final_norm is not None:
             hidden_states = self.final_norm(hidden_states)
         return hidden_states
@@ -112,20 +111,14 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.layers = nn.ModuleList([DecoderLayer(config)
-                                     for _ in range(config.num_decoder_layers)])
+        self.layers = LayerStack(config, DecoderLayer, config.num_decoder_layers)
         self.final_norm = layer_norm(config) if config.final_layer_norm else None
 
     def forward(self, hidden_states, memory, self_mask=None, cross_mask=None, cache=None,
                 cache_index=None):
-        new_cache = []
-        for n, layer in enumerate(self.layers):
-            if cache is None:
-                hidden_states = layer(hidden_states, memory, self_mask, cross_mask)
-            else:
-                hidden_states, layer_cache = layer(hidden_states, memory, self_mask, cross_mask,
-                                                   cache[n], cache_index)
-                new_cache.append(layer_cache)
+        out = self.layers(hidden_states, memory, self_mask, cross_mask, cache=cache,
+                          cache_index=cache_index)
+        hidden_states, new_cache = (out, None) if cache is None else out
         if self.final_norm is not None:
             hidden_states = self.final_norm(hidden_states)
         return hidden_states if cache is None else (hidden_states, new_cache)
@@ -156,9 +149,9 @@ class Transformer(nn.Module):
     def init_cache(self, memory, max_length: int, src_mask=None) -> dict:
         B, S, _ = memory.shape
         shape = (B, self.config.num_heads, max_length, self.config.head_dim)
-        layers = [{"self": {"key": memory.new_zeros(shape), "value": memory.new_zeros(shape)},
-                   "cross": layer.cross_attention.key_value(memory)}
-                  for layer in self.decoder.layers]
+        layers = self.decoder.layers.map(lambda layer: {
+            "self": {"key": memory.new_zeros(shape), "value": memory.new_zeros(shape)},
+            "cross": layer.cross_attention.key_value(memory)})
         source_mask = (torch.ones(B, S, dtype=torch.bool, device=memory.device)
                        if src_mask is None else torch.as_tensor(src_mask, device=memory.device) > 0)
         return {"layers": layers,

@@ -21,6 +21,7 @@ from torch_ref.nn.attention import cache_mask
 from torch_ref.nn.layers import TransformerBlock
 from torch_ref.nn.masks import causal_mask, combine_masks, padding_mask
 from torch_ref.nn.params import init_weights, layer_norm
+from torch_ref.nn.stack import LayerStack
 
 
 def position_ids_from_mask(attention_mask) -> torch.Tensor:
@@ -56,7 +57,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.embeddings = GPTEmbeddings(config)
-        self.blocks = nn.ModuleList([TransformerBlock(config) for _ in range(config.num_layers)])
+        self.blocks = LayerStack(config, TransformerBlock, config.num_layers)
         self.final_layer_norm = layer_norm(config) if config.final_layer_norm else None
         self.lm_head = (None if config.tie_word_embeddings else
                         nn.Linear(config.hidden_size, config.vocab_size, bias=False))
@@ -66,7 +67,8 @@ class GPT(nn.Module):
         weight = self.embeddings.word_embeddings.weight
         shape = (batch_size, self.config.num_heads, max_length, self.config.head_dim)
         zeros = partial(torch.zeros, dtype=weight.dtype, device=weight.device)
-        return {"layers": [{"key": zeros(shape), "value": zeros(shape)} for _ in self.blocks],
+        return {"layers": self.blocks.map(lambda block: {"key": zeros(shape),
+                                                         "value": zeros(shape)}),
                 "mask": torch.zeros(batch_size, max_length, dtype=torch.bool,
                                     device=weight.device),
                 "index": 0,
@@ -84,9 +86,7 @@ class GPT(nn.Module):
             position_ids = position_ids_from_mask(attention_mask)  # (B, T)
         mask = attention_mask_4d(attention_mask, T, input_ids.device)  # (B or 1, 1, T, T)
         x = self.embeddings(input_ids, position_ids)
-        for block in self.blocks:
-            x = block(x, mask)
-        return self._final_norm(x)
+        return self._final_norm(self.blocks(x, mask))
 
     def _cached_hidden_states(self, input_ids, attention_mask, cache):
         (B, T), index = input_ids.shape, cache["index"]
@@ -101,10 +101,7 @@ class GPT(nn.Module):
         valid[:, index:index + T] = new  # (B, L)
         mask = cache_mask(valid, index, T)  # (B, 1, T, L)
         x = self.embeddings(input_ids, position_ids)
-        layers = []
-        for block, layer_cache in zip(self.blocks, cache["layers"]):
-            x, layer_cache = block(x, mask, layer_cache, index)
-            layers.append(layer_cache)
+        x, layers = self.blocks(x, mask, cache=cache["layers"], cache_index=index)
         cache = {"layers": layers, "mask": valid, "index": index + T,
                  "positions": cache["positions"] + counts[:, -1]}
         return self._final_norm(x), cache
