@@ -75,6 +75,16 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
         (JAX, "name MOVED"):
             "the first release's flat module paths, redirected for users of the JAX library",
     },
+    "nn/stack.py": {
+        (JAX, "LayerStack.scan_layers (attribute)"):
+            "torch has no scan: its stack is always the per-layer modules (the same state dict)",
+        (JAX, "LayerStack.stacked (attribute)"):
+            "the scanned mode's one block of stacked weights; torch keeps per-layer modules",
+        (JAX, "name LAYER_AXIS"):
+            "the logical axis name of stacked weights (sharding metadata); torch stacks nothing",
+        (JAX, "name REMAT_POLICIES"):
+            "jax.checkpoint policies; torch's checkpoint recomputes the whole block for each",
+    },
     "nn/params.py": {
         (JAX, "function linear"):
             "NNX layers take their initialiser and dtype at construction: one factory holds them",
