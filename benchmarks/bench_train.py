@@ -32,7 +32,7 @@ as the model runs it).
 
 ``--jax-variants`` adds jaxformer steps built with other computation switches (attention
 implementation, remat, scanned layers, matmul precision) to the same interleaved rounds, for the
-experiments of the table in benchmarks/README.md; XLA flags need a process each
+experiments recorded in results/; XLA flags need a process each
 (``--xla-flags ... --tag ...``). ``--profile DIR`` writes a ``jax.profiler`` trace of two steps.
 
     python benchmarks/bench_train.py                      # both models, 5 rounds (minutes)
@@ -148,6 +148,8 @@ def bench_workload(name, args, bench):
     batch, head_positions = make_batch(family, cfg, tc, args.seed)
 
     def build(framework, model_cfg=cfg, compile=False):
+        print(f"{name}: building the {framework} step" + (" (compiled model)" if compile else ""),
+              flush=True)
         options = RunOptions(family=family, data="", framework=framework, compile=compile)
         return _build_trainer(family, framework, model_cfg, tc, options)[0]
 
@@ -156,8 +158,10 @@ def bench_workload(name, args, bench):
         fields = {k: x for k, x in VARIANTS[v].items() if k != "precision"}
         jax_steps[f"jaxformer {v}"] = (build("jax", dataclasses.replace(cfg, **fields)),
                                        VARIANTS[v].get("precision"))
-    trainers = {**{k: t for k, (t, _) in jax_steps.items()}, "torch_ref eager": build("torch")}
-    if not args.no_compile:
+    trainers = {k: t for k, (t, _) in jax_steps.items()}
+    if not args.jax_only:
+        trainers["torch_ref eager"] = build("torch")
+    if not (args.no_compile or args.jax_only):
         trainers["torch_ref compile"] = build("torch", compile=True)
 
     compile_s, xla_cost, first_s, losses = {}, {}, {}, {k: [] for k in trainers}
@@ -189,7 +193,8 @@ def bench_workload(name, args, bench):
         fn()
         first_s[key] = time.perf_counter() - t0
     first = {k: v[0] for k, v in losses.items()}
-    ref = first["torch_ref eager"]
+    baseline = "jaxformer" if args.jax_only else "torch_ref eager"
+    ref = first[baseline]
     diffs = {k: abs(v - ref) / abs(ref) for k, v in first.items()}
     print(f"{name}: first-step losses " + ", ".join(f"{k} {v:.7f}" for k, v in first.items()))
     if max(diffs.values()) > LOSS_RTOL:
@@ -206,7 +211,7 @@ def bench_workload(name, args, bench):
     options = ({"model": "BertForPreTraining", "masked_positions": head_positions}
                if family == "bert" else {})
     step_flop = flops.train_step_flops(cfg, B, T, **options)
-    case = bench.measure(fns, baseline="torch_ref eager", tokens=tokens, flop=step_flop,
+    case = bench.measure(fns, baseline=baseline, tokens=tokens, flop=step_flop,
                          frameworks={k: "jax" if k in jax_steps else "torch" for k in fns})
 
     steps = {len(v) for v in losses.values()}
@@ -216,7 +221,7 @@ def bench_workload(name, args, bench):
     trajectory = np.array([losses[k] for k in trainers])
     if not np.isfinite(trajectory).all():
         raise SystemExit(f"{name}: a loss stopped being finite during the timed steps")
-    ref_row = trajectory[list(trainers).index("torch_ref eager")]
+    ref_row = trajectory[list(trainers).index(baseline)]
     drift = float((np.abs(trajectory - ref_row) / np.abs(ref_row)).max())
     notes = {}
     for key in trainers:
@@ -266,6 +271,9 @@ def parse_args(argv=None):
     p.add_argument("--jax-variants", default="",
                    help="extra jaxformer candidates, comma-separated: " + ", ".join(VARIANTS))
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile candidate")
+    p.add_argument("--jax-only", action="store_true",
+                   help="no torch candidate: jaxformer and its --jax-variants, jaxformer the "
+                        "baseline")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="write a jax.profiler trace of two jaxformer steps per model under DIR")
     args = p.parse_args(argv)
