@@ -22,9 +22,12 @@ from jaxformer.nn.stack import LayerStack
 
 class BertEmbeddings(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
-        self.word_embeddings = embedding(config.vocab_size, config, rngs=rngs)
-        self.position_embeddings = embedding(config.max_position_embeddings, config, rngs=rngs)
-        self.token_type_embeddings = embedding(config.type_vocab_size, config, rngs=rngs)
+        self.word_embeddings = embedding(config.vocab_size, config, names=("vocab", "embed"),
+                                         rngs=rngs)
+        self.position_embeddings = embedding(config.max_position_embeddings, config,
+                                             names=("positions", "embed"), rngs=rngs)
+        self.token_type_embeddings = embedding(config.type_vocab_size, config,
+                                               names=("types", "embed"), rngs=rngs)
         self.layer_norm = layer_norm(config, rngs=rngs) if config.embedding_layer_norm else None
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
@@ -50,7 +53,8 @@ class BertPooler(nnx.Module):
     """The ``[CLS]`` vector through dense + tanh: the sequence summary the NSP head reads."""
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
-        self.dense = linear(config.hidden_size, config.hidden_size, config, rngs=rngs)
+        self.dense = linear(config.hidden_size, config.hidden_size, config,
+                            names=("embed", "mlp"), rngs=rngs)
 
     def __call__(self, hidden_states):
         return jnp.tanh(self.dense(hidden_states[:, 0]))
@@ -98,13 +102,15 @@ class BertMLMHead(nnx.Module):
     """
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
-        self.dense = linear(config.hidden_size, config.hidden_size, config, rngs=rngs)
+        self.dense = linear(config.hidden_size, config.hidden_size, config,
+                            names=("embed", "mlp"), rngs=rngs)
         self.activation = config.activation
         self.layer_norm = layer_norm(config, rngs=rngs)
         self.decoder = (None if config.tie_word_embeddings else
-                        linear(config.hidden_size, config.vocab_size, config, rngs=rngs,
-                               use_bias=False))
-        self.bias = nnx.Param(jnp.zeros((config.vocab_size,), jnp.float32))
+                        linear(config.hidden_size, config.vocab_size, config,
+                               names=("embed", "vocab"), rngs=rngs, use_bias=False))
+        self.bias = nnx.Param(jnp.zeros((config.vocab_size,), jnp.float32),
+                              out_sharding=("vocab",), eager_sharding=False)
 
     def __call__(self, hidden_states, masked_positions=None, word_embeddings=None):
         if masked_positions is not None:
@@ -123,7 +129,8 @@ class BertNSPHead(nnx.Module):
     """Next-sentence prediction: a two-way linear classifier on the pooled output."""
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
-        self.classifier = linear(config.hidden_size, 2, config, rngs=rngs)
+        self.classifier = linear(config.hidden_size, 2, config, names=("embed", "classes"),
+                                 rngs=rngs)
 
     def __call__(self, pooled_output):
         return self.classifier(pooled_output)
@@ -154,7 +161,8 @@ class BertForSequenceClassification(nnx.Module):
         self.config = config
         self.bert = BertModel(config, rngs=rngs)
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
-        self.classifier = linear(config.hidden_size, config.num_labels, config, rngs=rngs)
+        self.classifier = linear(config.hidden_size, config.num_labels, config,
+                                 names=("embed", "classes"), rngs=rngs)
 
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
         _, pooled_output = self.bert(input_ids, token_type_ids, attention_mask)

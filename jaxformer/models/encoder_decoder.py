@@ -66,8 +66,10 @@ class TransformerEmbeddings(nnx.Module):
     def __init__(self, config: TransformerConfig, vocab_size: int, *, rngs: nnx.Rngs):
         learned = config.position_embedding_type == "learned"
         self.token_embeddings = (None if config.share_embeddings else
-                                 embedding(vocab_size, config, rngs=rngs))
-        self.position_embeddings = (embedding(config.max_position_embeddings, config, rngs=rngs)
+                                 embedding(vocab_size, config, names=("vocab", "embed"),
+                                           rngs=rngs))
+        self.position_embeddings = (embedding(config.max_position_embeddings, config,
+                                              names=("positions", "embed"), rngs=rngs)
                                     if learned else None)
         self.max_position_embeddings = config.max_position_embeddings
         self.scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
@@ -185,7 +187,8 @@ class Transformer(nnx.Module):
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.shared_embeddings = (embedding(config.src_vocab_size, config, rngs=rngs)
+        self.shared_embeddings = (embedding(config.src_vocab_size, config,
+                                            names=("vocab", "embed"), rngs=rngs)
                                   if config.share_embeddings else None)
         self.src_embeddings = TransformerEmbeddings(config, config.src_vocab_size, rngs=rngs)
         self.tgt_embeddings = TransformerEmbeddings(config, config.tgt_vocab_size, rngs=rngs)
@@ -193,7 +196,7 @@ class Transformer(nnx.Module):
         self.decoder = Decoder(config, rngs=rngs)
         self.output_projection = (None if config.tie_word_embeddings else
                                   linear(config.hidden_size, config.tgt_vocab_size, config,
-                                         rngs=rngs))
+                                         names=("embed", "vocab"), rngs=rngs))
 
     def encode(self, src_ids, src_mask=None):
         """``(B, S)`` source ids -> memory ``(B, S, C)``."""

@@ -42,6 +42,7 @@ from jaxformer.nn.layers import TransformerBlock
 from jaxformer.nn.masks import causal_mask, combine_masks, padding_mask
 from jaxformer.nn.params import embedding, layer_norm, linear
 from jaxformer.nn.stack import LayerStack
+from jaxformer.sharding import constrain
 
 
 def position_ids_from_mask(attention_mask) -> jnp.ndarray:
@@ -58,8 +59,10 @@ def attention_mask_4d(attention_mask, seq_len: int) -> jnp.ndarray:
 
 class GPTEmbeddings(nnx.Module):
     def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs):
-        self.word_embeddings = embedding(config.vocab_size, config, rngs=rngs)
-        self.position_embeddings = embedding(config.max_position_embeddings, config, rngs=rngs)
+        self.word_embeddings = embedding(config.vocab_size, config, names=("vocab", "embed"),
+                                         rngs=rngs)
+        self.position_embeddings = embedding(config.max_position_embeddings, config,
+                                             names=("positions", "embed"), rngs=rngs)
         self.layer_norm = layer_norm(config, rngs=rngs) if config.embedding_layer_norm else None
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
@@ -83,8 +86,8 @@ class GPT(nnx.Module):
         self.blocks = LayerStack(config, TransformerBlock, config.num_layers, rngs=rngs)
         self.final_layer_norm = layer_norm(config, rngs=rngs) if config.final_layer_norm else None
         self.lm_head = (None if config.tie_word_embeddings else
-                        linear(config.hidden_size, config.vocab_size, config, rngs=rngs,
-                               use_bias=False))
+                        linear(config.hidden_size, config.vocab_size, config,
+                               names=("embed", "vocab"), rngs=rngs, use_bias=False))
 
     def init_cache(self, batch_size: int, max_length: int) -> dict:
         """An empty cache of ``max_length`` slots for ``batch_size`` rows (see the module doc)."""
@@ -136,7 +139,8 @@ class GPT(nnx.Module):
         return self.lm_head(hidden_states)
 
     def __call__(self, input_ids, attention_mask=None, cache=None):
-        if cache is None:
-            return self.logits(self.hidden_states(input_ids, attention_mask))
+        if cache is None:  # logits split by examples and, over "tensor", by vocabulary
+            return constrain(self.logits(self.hidden_states(input_ids, attention_mask)),
+                             ("batch", "seq", "vocab"))
         hidden, cache = self.hidden_states(input_ids, attention_mask, cache)
         return self.logits(hidden), cache

@@ -101,10 +101,11 @@ class MultiHeadAttention(nnx.Module):
         C = config.hidden_size
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
-        self.query = linear(C, C, config, rngs=rngs)
-        self.key = linear(C, C, config, rngs=rngs)
-        self.value = linear(C, C, config, rngs=rngs)
-        self.output = linear(C, C, config, rngs=rngs)
+        # Megatron: query/key/value split by heads (column-parallel), output row-parallel.
+        self.query = linear(C, C, config, names=("embed", "heads"), rngs=rngs)
+        self.key = linear(C, C, config, names=("embed", "heads"), rngs=rngs)
+        self.value = linear(C, C, config, names=("embed", "heads"), rngs=rngs)
+        self.output = linear(C, C, config, names=("heads", "embed"), rngs=rngs)
         self.attention_dropout = nnx.Dropout(config.attention_dropout_rate, rngs=rngs)
         self.implementation = config.attention_implementation
 

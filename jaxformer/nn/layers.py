@@ -14,6 +14,7 @@ from flax import nnx
 
 from jaxformer.nn.attention import MultiHeadAttention
 from jaxformer.nn.params import layer_norm, linear
+from jaxformer.sharding import constrain
 
 ACTIVATIONS = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # erf form, torch's nn.GELU()
@@ -26,8 +27,11 @@ class FeedForward(nnx.Module):
     """Position-wise ``fc2(activation(fc1(x)))``."""
 
     def __init__(self, config, *, rngs: nnx.Rngs):
-        self.fc1 = linear(config.hidden_size, config.intermediate_size, config, rngs=rngs)
-        self.fc2 = linear(config.intermediate_size, config.hidden_size, config, rngs=rngs)
+        # Megatron: fc1 column-parallel, fc2 row-parallel (one all-reduce per feed-forward).
+        self.fc1 = linear(config.hidden_size, config.intermediate_size, config,
+                          names=("embed", "mlp"), rngs=rngs)
+        self.fc2 = linear(config.intermediate_size, config.hidden_size, config,
+                          names=("mlp", "embed"), rngs=rngs)
         self.activation = config.activation
 
     def __call__(self, x):
@@ -62,6 +66,7 @@ class TransformerBlock(nnx.Module):
             h, cache = split_cache(attend(x), cache)
             x = self.attention_norm(x + self.dropout(h))
             x = self.ffn_norm(x + self.dropout(self.feed_forward(x)))
+        x = constrain(x, ("batch", "seq", "hidden"))  # the residual stream: split by examples
         return x if cache is None else (x, cache)
 
 

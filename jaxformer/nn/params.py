@@ -2,6 +2,12 @@
 torch twin uses (N(0, initializer_range) kernels and embeddings, zero biases, unit LayerNorm
 scales), the compute ``dtype`` and the storage ``param_dtype`` of the config.
 Twin: ``torch_ref/nn/params.py``.
+
+Each weight also gets its logical axis names here, at creation (``names``: one per axis, e.g.
+``("embed", "mlp")`` for a kernel ``(hidden, intermediate)``), stored as flax's ``out_sharding``
+metadata. ``jaxformer.sharding`` maps them to mesh axes through one rule table when a model is
+placed on a mesh; without a mesh they change nothing. ``eager_sharding`` is off so that a model
+can be built with no mesh at all: placement is a separate, explicit step.
 """
 
 from __future__ import annotations
@@ -10,11 +16,20 @@ import jax.numpy as jnp
 from flax import nnx
 
 
-def linear(in_features: int, out_features: int, config, *, rngs: nnx.Rngs,
-           use_bias: bool = True) -> nnx.Linear:
+def _names(names: tuple) -> dict:
+    """Variable metadata holding logical axis names (see the module doc)."""
+    return {"out_sharding": tuple(names), "eager_sharding": False}
+
+
+def linear(in_features: int, out_features: int, config, *, names: tuple[str, str],
+           rngs: nnx.Rngs, use_bias: bool = True) -> nnx.Linear:
+    """``names`` = the kernel's ``(input axis, output axis)``; the bias takes the output's."""
+    if len(names) != 2:
+        raise ValueError(f"a linear kernel has 2 axes, got names {names!r}")
     return nnx.Linear(in_features, out_features, use_bias=use_bias, dtype=jnp.dtype(config.dtype),
                       param_dtype=jnp.dtype(config.param_dtype),
-                      kernel_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+                      kernel_init=nnx.initializers.normal(config.initializer_range),
+                      kernel_metadata=_names(names), bias_metadata=_names(names[1:]), rngs=rngs)
 
 
 class Embed(nnx.Embed):
@@ -36,14 +51,22 @@ class Embed(nnx.Embed):
         return jnp.take(table, ids, axis=0, mode="fill", fill_value=jnp.nan)
 
 
-def embedding(num_embeddings: int, config, *, rngs: nnx.Rngs) -> Embed:
+def embedding(num_embeddings: int, config, *, names: tuple[str, str],
+              rngs: nnx.Rngs) -> Embed:
+    """``names`` = the table's ``(rows, features)``: ``("vocab", "embed")`` for tokens."""
+    if len(names) != 2:
+        raise ValueError(f"an embedding table has 2 axes, got names {names!r}")
     return Embed(num_embeddings, config.hidden_size, dtype=jnp.dtype(config.dtype),
                  param_dtype=jnp.dtype(config.param_dtype),
-                 embedding_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+                 embedding_init=nnx.initializers.normal(config.initializer_range),
+                 embedding_metadata=_names(names), rngs=rngs)
 
 
 def layer_norm(config, *, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    """Scale and bias named ``("norm",)``: vectors of the width, kept whole on every device."""
     # Two-pass variance, as torch computes it; flax's default E[x^2] - E[x]^2 drifts from it.
     return nnx.LayerNorm(config.hidden_size, epsilon=config.layer_norm_eps,
                          use_fast_variance=False, dtype=jnp.dtype(config.dtype),
-                         param_dtype=jnp.dtype(config.param_dtype), rngs=rngs)
+                         param_dtype=jnp.dtype(config.param_dtype),
+                         scale_metadata=_names(("norm",)), bias_metadata=_names(("norm",)),
+                         rngs=rngs)

@@ -10,6 +10,10 @@ one invisible; it keeps the last ``keep`` checkpoints.
 The state is stored as nested dictionaries named by the tree paths (typed PRNG keys as their raw
 ``uint32`` data) and restored into the structure of a live ``TrainStep``, so the file layout does
 not depend on how optax or flax represent their trees.
+
+Arrays are saved sharded, as they lie (each process writes its own pieces), and restored with
+the shardings of the live trainer's state: a checkpoint saved under one mesh restores under
+another mesh, or onto one device, with the same values.
 """
 
 from __future__ import annotations
@@ -102,8 +106,9 @@ class Checkpointer:
     def restore(self, trainer, step: int | None = None) -> dict:
         step = self._step(step)
         template = trainer.state_dict()
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                _to_nested(template))
+        abstract = jax.tree.map(  # the target layout: the trainer's, whatever the saved one
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+            _to_nested(template))
         restored = self._manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
         trainer.load_state_dict(_from_nested(restored["state"], template))

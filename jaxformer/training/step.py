@@ -7,6 +7,12 @@ gradients are accumulated), the mean of the micro-batch gradients, clipping, Ada
 the parameters, the optimizer state and the RNG state are donated to the call that replaces them.
 The RNG state goes in and comes back out of every call, so each step draws fresh dropout masks
 and a run is reproducible from its seed alone (and, restored from a checkpoint, from there).
+
+Given a ``mesh`` (``jaxformer.sharding.make_mesh``), the parameters and the optimizer state are
+placed by the logical-axis rules, the batch is split over ``("data", "fsdp")`` (each process
+feeding its own rows), and the compiled step keeps every output where its input was; XLA's
+partitioner inserts the collectives. The losses equal the one-device run's up to the order of
+float32 sums.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxformer import sharding
 from jaxformer.models.bert import BertForPreTraining, BertForSequenceClassification
 from jaxformer.models.encoder_decoder import Transformer
 from jaxformer.models.gpt import GPT
@@ -55,39 +62,63 @@ class TrainStep:
     ``batch`` holds the ``accumulation_steps`` micro-batches of the update stacked on a leading
     axis (``data.Dataset.update_batch``); ``evaluate(micro_batch)`` is the loss in eval mode.
     The step owns the state: :meth:`sync` writes it back into ``model`` and returns the model.
+    ``mesh``: train sharded over it (see the module doc); None, one device.
     """
 
-    def __init__(self, family: str, model: nnx.Module, config: TrainConfig):
-        self.family, self.config, self.model = family, config, model
+    def __init__(self, family: str, model: nnx.Module, config: TrainConfig, mesh=None):
+        self.family, self.config, self.model, self.mesh = family, config, model, mesh
+        if mesh is not None and config.micro_batch_size % sharding.batch_divisor(mesh):
+            raise ValueError(f"the micro-batch of {config.micro_batch_size} examples does not "
+                             f"split over data x fsdp = {sharding.batch_divisor(mesh)} devices "
+                             f"of mesh {dict(mesh.shape)}")
         self.model_config = model.config
         model.eval()
         eval_graphdef = nnx.graphdef(model)
         model.train()
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         # Own copies: the donated buffers must not be the ones the module still holds.
-        self._params, self._rest = _copy(params), _copy(rest)
+        self._params, self._rest = self._place(params), self._place(rest)
         self._tx = make_optimizer(config, self._params)
-        self._opt_state = self._tx.init(self._params)
+        self._opt_state = self._place(self._tx.init(self._params))
         self.step = 0
+        placement = {}
+        if mesh is not None:  # every output stays where its input was
+            placement["out_shardings"] = (*(sharding.shardings(tree, mesh) for tree in (
+                self._params, self._opt_state, self._rest)), sharding.replicated(mesh))
         self._train = jax.jit(_train_fn(family, graphdef, self._tx, config),
-                              donate_argnums=(0, 1, 2))
+                              donate_argnums=(0, 1, 2), **placement)
         self._eval = jax.jit(_eval_fn(family, eval_graphdef, config))
 
-    def __call__(self, batch: dict) -> dict[str, float]:
+    def _place(self, tree):
+        return _copy(tree) if self.mesh is None else sharding.place(tree, self.mesh)
+
+    def _run(self, fn, *args):
+        """``fn(*args)``, under the mesh when there is one (activation constraints read it)."""
+        if self.mesh is None:
+            return fn(*args)
+        with jax.set_mesh(self.mesh):
+            return fn(*args)
+
+    def _batch(self, batch: dict, batch_axis: int) -> dict:
         data.check_batch(self.family, batch, self.model_config)
-        self._params, self._opt_state, self._rest, metrics = self._train(
-            self._params, self._opt_state, self._rest, batch, np.int32(self.step))
+        if self.mesh is None:
+            return batch
+        return sharding.shard_batch(batch, self.mesh, batch_axis)
+
+    def __call__(self, batch: dict) -> dict[str, float]:
+        batch = self._batch(batch, batch_axis=1)  # (micro-batches, batch, ...)
+        self._params, self._opt_state, self._rest, metrics = self._run(
+            self._train, self._params, self._opt_state, self._rest, batch, np.int32(self.step))
         self.step += 1
         return {key: float(value) for key, value in metrics.items()}
 
     def evaluate(self, batch: dict) -> float:
-        data.check_batch(self.family, batch, self.model_config)
-        return float(self._eval(self._params, self._rest, batch))
+        return float(self._run(self._eval, self._params, self._rest, self._batch(batch, 0)))
 
     def state_dict(self) -> dict:
         """Everything a checkpoint needs: parameters, optimizer state, RNG state, step."""
         return {"params": self._params, "opt_state": self._opt_state, "rest": self._rest,
-                "step": jnp.asarray(self.step, jnp.int32)}
+                "step": self._place(jnp.asarray(self.step, jnp.int32))}
 
     def load_state_dict(self, state: dict) -> None:
         self._params, self._opt_state = state["params"], state["opt_state"]

@@ -1,0 +1,121 @@
+"""The 8-device half of ``test_sharding.py``, run in a subprocess with 8 CPU devices (the test
+process has already started JAX with one). One process runs every case, so the import and the
+compilations of the single-device reference are paid once; it prints one JSON line: the losses,
+the placements (partition specs) and the checkpoint and ``generate`` comparisons, which the test
+asserts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+os.environ["JAX_NUM_CPU_DEVICES"] = "8"
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from jaxformer import sharding  # noqa: E402
+from jaxformer.generation import generate  # noqa: E402
+from jaxformer.training.checkpoint import Checkpointer  # noqa: E402
+
+STEPS = 20
+MESHES = ("data=8", "fsdp=8", "data=2,tensor=4", "data=2,fsdp=2,tensor=2")
+
+
+def spec(x) -> list:
+    """A placed array's partition spec as JSON (None, an axis, or a list of axes per dim)."""
+    if not hasattr(x.sharding, "spec"):
+        return None  # on one device
+    return [list(a) if isinstance(a, tuple) else a for a in x.sharding.spec] + [None] * (
+        x.ndim - len(x.sharding.spec))
+
+
+def placements(trainer) -> dict:
+    params = trainer._params
+    block = params["blocks"]
+    block = block[0] if 0 in block else block  # a list of blocks, or one scanned stack
+    mu = trainer._opt_state
+    mu_params = next(s.mu for s in jax.tree.leaves(mu, is_leaf=lambda s: hasattr(s, "mu"))
+                     if hasattr(s, "mu"))
+    mu_block = mu_params["blocks"][0] if 0 in mu_params["blocks"] else mu_params["blocks"]
+    return {
+        "fc1": spec(block["feed_forward"]["fc1"]["kernel"][...]),
+        "fc1_bias": spec(block["feed_forward"]["fc1"]["bias"][...]),
+        "fc2": spec(block["feed_forward"]["fc2"]["kernel"][...]),
+        "query": spec(block["attention"]["query"]["kernel"][...]),
+        "output": spec(block["attention"]["output"]["kernel"][...]),
+        "norm": spec(block["attention_norm"]["scale"][...]),
+        "embedding": spec(params["embeddings"]["word_embeddings"]["embedding"][...]),
+        "fc1_mu": spec(mu_block["feed_forward"]["fc1"]["kernel"][...]),
+        "embedding_mu": spec(mu_params["embeddings"]["word_embeddings"]["embedding"][...]),
+        "devices": len(block["feed_forward"]["fc1"]["kernel"][...].sharding.device_set),
+    }
+
+
+def train(mesh: str, steps: int = STEPS):
+    trainer, dataset = sharding.demo_trainer(mesh, steps)
+    return trainer, dataset, [trainer(dataset.update_batch(i))["loss"] for i in range(steps)]
+
+
+def params_of(trainer) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(trainer._params)]
+
+
+def main() -> None:
+    assert jax.device_count() == 8, jax.devices()
+    out: dict = {"losses": {}, "placements": {}}
+    _, dataset, out["losses"]["none"] = train("none")
+    trainers = {}
+    for mesh in MESHES:
+        began = time.perf_counter()
+        trainers[mesh], _, out["losses"][mesh] = train(mesh)
+        print(f"{mesh}: {time.perf_counter() - began:.1f} s", file=sys.stderr)
+        out["placements"][mesh] = placements(trainers[mesh])
+
+    # A checkpoint saved under the 2x2x2 mesh, restored under fsdp=8 and onto one device.
+    source = trainers["data=2,fsdp=2,tensor=2"]
+    probe = dataset.micro_batch(STEPS + 1)
+    expected = source.evaluate(probe)
+    with tempfile.TemporaryDirectory() as directory:
+        checkpointer = Checkpointer(directory)
+        checkpointer.save(source, {"step": source.step})
+        restored = {}
+        for target in ("fsdp=8", "none"):
+            trainer, _ = sharding.demo_trainer(target, STEPS)
+            checkpointer.restore(trainer)
+            restored[target] = {
+                "step": trainer.step,
+                "params_equal": all(np.array_equal(a, b) for a, b in
+                                    zip(params_of(source), params_of(trainer))),
+                "eval_diff": abs(trainer.evaluate(probe) - expected) / abs(expected),
+                "fc1": placements(trainer)["fc1"],
+                "fc1_devices": placements(trainer)["devices"],
+            }
+        checkpointer.close()
+    out["checkpoint"] = restored
+
+    # generate: the trained model placed on the 2x2x2 mesh against the same model on one device.
+    model = source.sync()
+    model.eval()
+    prompt = np.asarray(dataset.micro_batch(0, 2)["input_ids"][:, :6])
+    mask = np.ones_like(prompt)
+    mask[1, :2] = 0  # left padding on one row
+    single = generate(model, prompt, mask, max_new_tokens=8)
+    single = np.asarray(single)
+    mesh = sharding.make_mesh("data=2,fsdp=2,tensor=2")
+    sharding.shard_model(model, mesh)
+    sharded = np.asarray(generate(model, prompt, mask, max_new_tokens=8))
+    state = nnx.state(model, nnx.Param)
+    out["generate"] = {"single": single.tolist(), "sharded": sharded.tolist(),
+                       "params_devices": min(len(x.sharding.device_set)
+                                             for x in jax.tree.leaves(state))}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
