@@ -65,6 +65,8 @@ JAX_ONLY = {
     "training/loop.py": "one training loop that drives either framework's step",
     "training/command.py": "the `jaxformer train` command",
     "generation/cli.py": "the `jaxformer generate` command (it runs either framework's generate)",
+    "sharding.py": "device meshes, logical-axis rules and jax.distributed: how JAX lays one "
+                   "program over many devices; the torch twins run on one device, as the reference",
 }
 
 # One-sided differences that are meant, per module: (side, what) -> reason. ``what`` is written
@@ -118,6 +120,12 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
             "the size of that host table, read at call time",
         (TORCH, "TransformerEmbeddings.position_table (attribute)"):
             "the table as a non-persistent buffer, so that it follows .to(device)",
+    },
+    "training/step.py": {
+        (JAX, "TrainStep.__init__(mesh)"):
+            "trains sharded over a device mesh (jaxformer.sharding); the torch twin is the "
+            "one-device reference the sharded losses are held to",
+        (JAX, "TrainStep.mesh (attribute)"): "the mesh given, or None for one device",
     },
 }
 
