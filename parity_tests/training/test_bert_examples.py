@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 
-from jaxformer.training import data, losses
+from jaxformer.training import data
 from jaxformer.training.config import IGNORE_INDEX, TrainConfig, TrainConfigError
 from parity_tests.training.test_trajectory import twin_steps
 
@@ -150,22 +150,28 @@ def test_max_predictions_bounds_and_refusals(setup):
 
 def test_loss_at_the_positions_equals_the_dense_loss_and_torch():
     """The MLM loss on ``P`` gathered positions is the dense ``(B, T)`` loss with the same labels
-    scattered back; the JAX and torch steps give the same losses on these batches."""
+    scattered back (shown on the torch twin, eager and quick); the JAX and torch steps give the
+    same losses on these batches, so the JAX loss is that dense loss too. And it learns."""
+    import torch
+
+    from torch_ref.training import losses as torch_losses
+
     config = TrainConfig(steps=4, batch_size=4, seq_len=24, max_predictions=4, learning_rate=3e-3)
     jax_step, torch_step, dataset = twin_steps("bert", config)
     batch = dataset.micro_batch(0)
-    model = jax_step.sync()
-    model.eval()
-    sparse = losses.batch_loss("bert", model, batch, config)
-    _, logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"],
-                                  batch["attention_mask"])
-    dense = np.full(batch["input_ids"].shape, IGNORE_INDEX, np.int32)
+    model = torch_step.model.eval()
+    tensors = {k: torch.as_tensor(v).long() for k, v in batch.items()}
+    dense = np.full(batch["input_ids"].shape, IGNORE_INDEX, np.int64)
     real = batch["mlm_labels"] != IGNORE_INDEX
     rows = np.broadcast_to(np.arange(4)[:, None], real.shape)
     dense[rows[real], batch["masked_positions"][real]] = batch["mlm_labels"][real]
-    expected = (losses.masked_lm_loss(logits, dense)
-                + losses.next_sentence_loss(nsp_logits, batch["nsp_labels"]))
-    assert real.sum() < real.size  # some padded positions, which must weigh nothing
+    with torch.no_grad():
+        sparse = torch_losses.batch_loss("bert", model, tensors, config)
+        _, logits, nsp_logits = model(tensors["input_ids"], tensors["token_type_ids"],
+                                      tensors["attention_mask"])
+        expected = (torch_losses.masked_lm_loss(logits, torch.as_tensor(dense))
+                    + torch_losses.next_sentence_loss(nsp_logits, tensors["nsp_labels"]))
+    assert logits.shape[1] == 24 and real.sum() < real.size  # some padded positions: weight 0
     np.testing.assert_allclose(float(sparse), float(expected), rtol=1e-6)
     steps = [(jax_step(dataset.update_batch(s)), torch_step(dataset.update_batch(s)))
              for s in range(config.steps)]
