@@ -314,7 +314,8 @@ def _report(record: dict, total: int, bar, options: RunOptions, stream, last: bo
         bar.set_postfix(postfix, refresh=False)
         bar.update(1)
     elif options.progress != "none" and (record["step"] % options.log_every == 0 or last
-                                         or record["step"] == 1):
+                                         or record["step"] == 1
+                                         or any(key in record for key in EVAL_KEYS)):
         line = (f"step {record['step']}/{total}  loss {record['loss']:.6f}  "
                 f"lr {record['learning_rate']:.3e}  grad_norm {record['grad_norm']:.4f}  "
                 f"tokens/s {record['tokens_per_s']:.0f}")
