@@ -215,6 +215,14 @@ def batch_divisor(mesh: jax.sharding.Mesh) -> int:
     return math.prod(mesh.shape[a] for a in RULES["batch"])
 
 
+def check_batch_size(micro_batch_size: int, mesh: jax.sharding.Mesh) -> None:
+    """Refuse a micro-batch that does not split evenly over ``data x fsdp``."""
+    if micro_batch_size % batch_divisor(mesh):
+        raise ValueError(f"the micro-batch of {micro_batch_size} examples does not split over "
+                         f"data x fsdp = {batch_divisor(mesh)} devices of mesh "
+                         f"{','.join(f'{a}={n}' for a, n in mesh.shape.items())}")
+
+
 def shard_batch(batch: Mapping, mesh: jax.sharding.Mesh, batch_axis: int = 0) -> dict:
     """Host (numpy) arrays -> global arrays split over ``("data", "fsdp")`` along
     ``batch_axis``. Every process holds the same host batch (``training.data`` builds it from the

@@ -60,6 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "initial weights and batches")
     run.add_argument("--compile", action="store_true",
                      help="with --framework torch: run the model through torch.compile")
+    run.add_argument("--mesh", metavar="AXIS=N,...",
+                     help="train sharded over a device mesh of the axes data, fsdp, tensor, "
+                          "e.g. data=2,fsdp=2,tensor=2 (the product = the device count; one "
+                          "axis may be -1); default one device")
 
     hyper = parser.add_argument_group("hyper-parameters (TrainConfig)")
     hyper.add_argument("--steps", type=int, default=1000, help="optimizer updates (default 1000)")
@@ -165,7 +169,7 @@ def run(args) -> int:
             eval_every=args.eval_every, eval_batches=args.eval_batches,
             val_data=args.val_data, progress=args.progress,
             log_every=args.log_every, peak_tflops=args.peak_tflops, compile=args.compile,
-            export_hf=args.export_hf)
+            export_hf=args.export_hf, mesh=args.mesh)
         result = loop.train(config, options)
     except (TrainConfigError, DataError, loop.ResumeError, ValueError) as error:
         print(f"jaxformer train: error: {error}", file=sys.stderr)

@@ -67,6 +67,7 @@ class RunOptions:
     peak_tflops: float | None = None
     compile: bool = False
     export_hf: str | None = None
+    mesh: str | None = None  # "data=2,fsdp=2,tensor=2": train sharded (jaxformer.sharding)
     stream: object = field(default=None, repr=False)  # plain progress lines (default stdout)
 
     def check(self) -> None:
@@ -83,7 +84,9 @@ class RunOptions:
                  (self.peak_tflops is None or self.peak_tflops > 0, "peak_tflops", "positive"),
                  (self.export_hf is None or self.family in HF_EXPORTS, "export_hf",
                   f"only given for {sorted(HF_EXPORTS)} (Hugging Face has no {self.family} "
-                  f"model jaxformer exports)")]
+                  f"model jaxformer exports)"),
+                 (self.mesh is None or self.framework == "jax", "mesh",
+                  "given only with framework jax (the torch twin runs on one device)")]
         for ok, name, rule in rules:
             if not ok:
                 raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
@@ -123,7 +126,12 @@ def _build_trainer(family, framework, model_cfg, config, options):
     if framework == "jax":
         from jaxformer.training.checkpoint import Checkpointer
 
-        return jax_step.TrainStep(family, model, config), Checkpointer
+        mesh = None
+        if options.mesh:
+            from jaxformer.sharding import make_mesh
+
+            mesh = make_mesh(options.mesh)
+        return jax_step.TrainStep(family, model, config, mesh=mesh), Checkpointer
     import torch
 
     from jaxformer.checkpoints import convert
@@ -154,6 +162,10 @@ def _step_flops(family, model_cfg, config: TrainConfig) -> int | None:
 def prepare(config: TrainConfig, options: RunOptions):
     """Everything before the first step, with every refusal before anything is written."""
     options.check()
+    if options.mesh:  # the mesh fits the devices and the batch, before anything is written
+        from jaxformer.sharding import check_batch_size, make_mesh
+
+        check_batch_size(config.micro_batch_size, make_mesh(options.mesh))
     run_dir = Path(options.checkpoint_dir or f"runs/{options.family}-{options.preset}")
     run_json = run_dir / "run.json"
     if options.resume and not run_json.is_file():

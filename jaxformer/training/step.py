@@ -67,10 +67,8 @@ class TrainStep:
 
     def __init__(self, family: str, model: nnx.Module, config: TrainConfig, mesh=None):
         self.family, self.config, self.model, self.mesh = family, config, model, mesh
-        if mesh is not None and config.micro_batch_size % sharding.batch_divisor(mesh):
-            raise ValueError(f"the micro-batch of {config.micro_batch_size} examples does not "
-                             f"split over data x fsdp = {sharding.batch_divisor(mesh)} devices "
-                             f"of mesh {dict(mesh.shape)}")
+        if mesh is not None:
+            sharding.check_batch_size(config.micro_batch_size, mesh)
         self.model_config = model.config
         model.eval()
         eval_graphdef = nnx.graphdef(model)
