@@ -109,7 +109,7 @@ class BertMLMHead(nnx.Module):
         self.decoder = (None if config.tie_word_embeddings else
                         linear(config.hidden_size, config.vocab_size, config,
                                names=("embed", "vocab"), rngs=rngs, use_bias=False))
-        self.bias = nnx.Param(jnp.zeros((config.vocab_size,), jnp.float32),
+        self.bias = nnx.Param(jnp.zeros((config.vocab_size,), jnp.dtype(config.param_dtype)),
                               out_sharding=("vocab",), eager_sharding=False)
 
     def __call__(self, hidden_states, masked_positions=None, word_embeddings=None):
@@ -122,7 +122,8 @@ class BertMLMHead(nnx.Module):
             logits = word_embeddings.attend(x)
         else:
             logits = self.decoder(x)
-        return logits + self.bias[...]
+        # In the compute dtype, as nnx.Linear adds its bias (the losses upcast to float32).
+        return logits + self.bias[...].astype(logits.dtype)
 
 
 class BertNSPHead(nnx.Module):

@@ -54,11 +54,22 @@ def attention(q, k, v, mask=None, dropout: nnx.Dropout | None = None,
 
     ``mask`` is boolean, broadcastable to ``(B, nh, T, S)``, True = may attend. Softmax runs in
     float32. ``implementation`` is one of ``config.ATTENTION_IMPLEMENTATIONS``; ``"auto"`` takes
-    ``"xla"`` unless dropout is active, then ``"einsum"``.
+    ``"xla"`` unless dropout is active or the computation is float16 on CPU, then ``"einsum"``.
+
+    float16 on CPU: ``jax.nn.dot_product_attention`` asks for float16 x float16 -> float32
+    matmuls (``DotAlgorithmPreset.F16_F16_F32``), an algorithm XLA:CPU does not have. Called
+    eagerly it catches the failure and falls back to the default precision, but under ``jit`` the
+    failure comes at compile time, past its ``try``, so ``"xla"`` is refused there by name.
     """
     active = _active(dropout)
+    cpu_float16 = q.dtype == jnp.float16 and jax.default_backend() == "cpu"
     if implementation == "auto":
-        implementation = "einsum" if active is not None else "xla"
+        implementation = "einsum" if active is not None or cpu_float16 else "xla"
+    if implementation == "xla" and cpu_float16:
+        raise ValueError("attention implementation 'xla' cannot compute float16 on CPU: "
+                         "jax.nn.dot_product_attention needs float16 matmuls with float32 "
+                         "accumulation, which XLA:CPU lacks (jit fails to compile them); use "
+                         "'einsum' or 'auto'")
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"attention implementation {implementation!r} is not one of "
                          f"{('auto', *IMPLEMENTATIONS)}")

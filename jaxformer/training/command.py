@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jaxformer.config import DTYPES, PARAM_DTYPES
 from jaxformer.training.config import (
     FAMILIES,
     GPT_WINDOWS,
@@ -58,6 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--framework", choices=("jax", "torch"), default="jax",
                      help="train the JAX model (default) or its PyTorch twin, from the same "
                           "initial weights and batches")
+    run.add_argument("--dtype", choices=DTYPES,
+                     help="compute dtype (default: the preset's, float32); bfloat16 is mixed "
+                          "precision: float32 parameters, bfloat16 matmuls and activations, "
+                          "float32 softmax, LayerNorm statistics and loss; torch trains under "
+                          "torch.autocast (docs/scale.md)")
+    run.add_argument("--param-dtype", choices=PARAM_DTYPES,
+                     help="parameter storage dtype (default float32); bfloat16 with --dtype "
+                          "bfloat16 is pure bfloat16, optimizer moments included")
     run.add_argument("--compile", action="store_true",
                      help="with --framework torch: run the model through torch.compile")
     run.add_argument("--mesh", metavar="AXIS=N,...",
@@ -164,6 +173,7 @@ def run(args) -> int:
         options = loop.RunOptions(
             family=args.family, data=args.data, preset=args.preset, framework=args.framework,
             tokenizer=args.tokenizer, vocab_size=args.vocab_size, dropout=args.dropout,
+            dtype=args.dtype, param_dtype=args.param_dtype,
             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
             keep=args.keep, resume=args.resume, metrics=args.metrics, plot=args.plot,
             eval_every=args.eval_every, eval_batches=args.eval_batches,

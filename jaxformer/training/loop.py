@@ -53,6 +53,8 @@ class RunOptions:
     tokenizer: str | None = None
     vocab_size: int | None = None
     dropout: float | None = None
+    dtype: str | None = None  # compute dtype (default: the preset's, float32)
+    param_dtype: str | None = None  # parameter storage dtype (default: the preset's)
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     keep: int = 3
@@ -196,7 +198,8 @@ def prepare(config: TrainConfig, options: RunOptions):
     specials = data.special_ids(tokenizer, options.family)
     model_cfg = model_config(options.family, options.preset,
                              vocab_size=tokenizer.get_vocab_size(), pad_id=specials.get("[PAD]"),
-                             num_labels=train_set.num_labels, dropout=options.dropout)
+                             num_labels=train_set.num_labels, dropout=options.dropout,
+                             dtype=options.dtype, param_dtype=options.param_dtype)
     if config.seq_len > model_cfg.max_position_embeddings:
         raise ValueError(f"seq_len ({config.seq_len}) exceeds the {options.preset} preset's "
                          f"max_position_embeddings ({model_cfg.max_position_embeddings})")

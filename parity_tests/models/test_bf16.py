@@ -50,6 +50,7 @@ from jaxformer.models import bert as jb
 from jaxformer.models import encoder_decoder as jed
 from jaxformer.models import gpt as jg
 from jaxformer.nn.jit import jitted
+from jaxformer.training import losses
 from parity_tests.helpers import FORWARD_RTOL, max_rel_diff, randomize
 from parity_tests.models.test_invariance import SPREAD
 from torch_ref.models import bert as tb
@@ -87,6 +88,31 @@ def inputs(family: str) -> dict[str, np.ndarray]:
     src_mask[2, 6:] = 0
     return {"src_ids": rng.randint(1, 23, (B, S)), "tgt_ids": rng.randint(1, 29, (B, T)),
             "src_mask": src_mask, "tgt_mask": mask}
+
+
+def loss_labels(family: str, args: dict) -> dict[str, np.ndarray]:
+    """The labels of the family's training loss (besides the inputs), at real positions."""
+    rng = np.random.RandomState(1)
+    if family == "bert":
+        mask = args["attention_mask"].astype(bool)
+        chosen = mask & (rng.rand(*mask.shape) < 0.4)
+        mlm = np.where(chosen, rng.randint(1, 99, mask.shape), -100)
+        return {"mlm_labels": mlm, "nsp_labels": rng.randint(0, 2, mask.shape[0])}
+    if family == "encoder_decoder":
+        mask = args["tgt_mask"].astype(bool)
+        return {"labels": np.where(mask, rng.randint(1, 29, mask.shape), -100)}
+    return {}
+
+
+def loss(family: str, losses, outputs, args, labels):
+    """The family's training loss from its outputs; ``losses``: either framework's module."""
+    if family == "bert":
+        return (losses.masked_lm_loss(outputs[1], labels["mlm_labels"])
+                + losses.next_sentence_loss(outputs[2], labels["nsp_labels"]))
+    if family == "gpt":
+        return losses.causal_lm_loss(outputs[0], args["input_ids"], args["attention_mask"])
+    return losses.seq2seq_loss(outputs[0], labels["labels"])
+
 
 
 def param_dtypes(model: nnx.Module) -> dict[str, str]:
@@ -156,3 +182,116 @@ def test_bfloat16_model(family):
         diff = max_rel_diff(f32, bf16, where)
         assert diff <= BF16_BOUND, f"output {i}: bfloat16 vs float32 {diff:.3g} > {BF16_BOUND}"
         assert diff >= BF16_VISIBLE, f"output {i}: bfloat16 equals float32 ({diff:.3g})"
+
+
+def primitive_dtypes(jaxpr, names: set[str]) -> list[tuple[str, str]]:
+    """``(primitive, operand dtype)`` of every equation named in ``names``, nested jaxprs too."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in names:
+            found += [(eqn.primitive.name, str(v.aval.dtype)) for v in eqn.invars]
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += primitive_dtypes(inner, names)
+    return found
+
+
+# Where bfloat16 would lose the result: the sums and maxima of LayerNorm statistics, softmax and
+# log-softmax, and the exp, log and rsqrt applied to them.
+FLOAT32_ONLY = {"reduce_sum", "reduce_max", "exp", "log", "rsqrt"}
+
+
+@pytest.mark.parametrize("implementation", ["xla", "einsum"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_statistics_run_in_float32(family, implementation):
+    """In the traced forward and training loss of a bfloat16 model, every reduction and every
+    exp/log/rsqrt runs in float32: LayerNorm's mean and variance (flax promotes its statistics
+    to float32 and normalises in float32 before rounding the output), the attention softmax on
+    both attention paths, the losses' log-softmax. The matmuls run in bfloat16
+    (``test_bfloat16_model``)."""
+    _, jax_cls, config = FAMILIES[family]
+    config = dataclasses.replace(config, dtype="bfloat16", attention_implementation=implementation)
+    model = jax_cls(config, rngs=nnx.Rngs(0))
+    model.eval()
+    graphdef, variables = nnx.split(model)
+    args = {k: jnp.asarray(v) for k, v in inputs(family).items()}
+    labels = {k: jnp.asarray(v) for k, v in loss_labels(family, args).items()}
+
+    def objective(variables):
+        return loss(family, losses, as_tuple(nnx.merge(graphdef, variables)(**args)), args,
+                    labels)
+
+    found = primitive_dtypes(jax.make_jaxpr(objective)(variables).jaxpr, FLOAT32_ONLY)
+    floating = [(name, d) for name, d in found if d in ("float32", "bfloat16", "float16")]
+    assert {name for name, _ in floating} == FLOAT32_ONLY, f"not all traced: {floating}"
+    low = sorted({(name, d) for name, d in floating if d != "float32"})
+    assert not low, f"{family}/{implementation}: reductions in low precision: {low}"
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])  # BERT: the MLM head's own bias
+def test_pure_bfloat16(family):
+    """``param_dtype="bfloat16"``: every parameter is stored in bfloat16, as built and as
+    loaded, and the forward equals the mixed-precision one exactly: flax rounds every parameter
+    (LayerNorm scales and biases too) to the compute dtype before using it, so storing them
+    rounded changes nothing until an optimizer updates them (``test_pure_bfloat16_trains``)."""
+    torch_cls, jax_cls, config = FAMILIES[family]
+    torch.manual_seed(0)
+    state = randomize(torch_cls(config), 0, SPREAD).state_dict()
+    args = {k: jnp.asarray(v) for k, v in inputs(family).items()}
+    outputs = {}
+    for param_dtype in ("float32", "bfloat16"):
+        cfg = dataclasses.replace(config, dtype="bfloat16", param_dtype=param_dtype)
+        model = convert.abstract_model(lambda cfg=cfg: jax_cls(cfg, rngs=nnx.Rngs(0)))
+        built = param_dtypes(model)
+        convert.torch_to_nnx(state, model)
+        model.eval()
+        for when, dtypes in (("built", built), ("loaded", param_dtypes(model))):
+            wrong = {k: d for k, d in dtypes.items() if d != param_dtype}
+            assert not wrong, f"param_dtype {param_dtype}, {when}: {wrong}"
+        outputs[param_dtype] = as_tuple(jitted(model)(**args))
+    for mixed, pure in zip(outputs["float32"], outputs["bfloat16"]):
+        assert pure.dtype == mixed.dtype and np.isfinite(np.asarray(pure, np.float32)).all()
+        np.testing.assert_array_equal(np.asarray(pure, np.float32), np.asarray(mixed, np.float32))
+
+
+def test_pure_bfloat16_trains():
+    """A pure-bfloat16 GPT takes optimizer steps: the loss falls on a repeated batch and the
+    parameters stay bfloat16 (optax keeps AdamW's moments in the parameters' dtype)."""
+    from jaxformer.training.config import TrainConfig
+    from jaxformer.training.step import TrainStep
+
+    config = dataclasses.replace(GPTConfig.tiny(), dtype="bfloat16", param_dtype="bfloat16",
+                                 dropout_rate=0.0, attention_dropout_rate=0.0)
+    model = jg.GPT(config, rngs=nnx.Rngs(0))
+    step = TrainStep("gpt", model, TrainConfig(steps=8, batch_size=3, seq_len=T,
+                                               learning_rate=1e-2, warmup_steps=1))
+    batch = {k: v[None] for k, v in inputs("gpt").items()}  # one micro-batch
+    first = [step(batch)["loss"] for _ in range(8)]
+    assert all(np.isfinite(first)) and first[-1] < 0.8 * first[0], first
+    wrong = {k: d for k, d in param_dtypes(step.sync()).items() if d != "bfloat16"}
+    assert not wrong, f"parameters left bfloat16 after training: {wrong}"
+
+
+def test_float16_on_cpu():
+    """float16 on CPU: ``"auto"`` takes the einsum path (XLA:CPU cannot compile the
+    float16 x float16 -> float32 matmuls of ``jax.nn.dot_product_attention`` under ``jit``) and
+    ``"xla"`` is refused by name, instead of failing inside XLA's compiler."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("about XLA:CPU")
+    args = {k: jnp.asarray(v) for k, v in inputs("gpt").items()}
+    results = {}
+    for implementation in ("auto", "einsum", "xla"):
+        config = dataclasses.replace(GPTConfig.tiny(), dtype="float16",
+                                     attention_implementation=implementation)
+        model = jg.GPT(config, rngs=nnx.Rngs(0))
+        model.eval()
+        if implementation == "xla":
+            with pytest.raises(ValueError, match="float16 on CPU.*'einsum'"):
+                jitted(model)(**args)
+            continue
+        results[implementation] = jitted(model)(**args)
+        assert results[implementation].dtype == jnp.float16
+    np.testing.assert_array_equal(np.asarray(results["auto"]), np.asarray(results["einsum"]))
+    assert np.isfinite(np.asarray(results["auto"], np.float32)).all()

@@ -27,10 +27,15 @@ def fused_attention(q, k, v, mask, dropout, *, implementation: str):
 
 
 def einsum_attention(q, k, v, mask, dropout):
-    scores = torch.einsum("bhtd,bhsd->bhts", q.float(), k.float()) / math.sqrt(q.shape[-1])
-    if mask is not None:
-        scores = scores.masked_fill(~mask, MASK_VALUE)
-    weights = torch.softmax(scores, dim=-1).to(v.dtype)
+    """Scores and softmax in float32, under ``torch.autocast`` too: autocast would run the
+    scores' matmul in bfloat16 and round them (and a bfloat16 softmax its output) before the
+    probabilities. A product of two bfloat16 numbers is exact in float32, so this is jaxformer's
+    bfloat16 x bfloat16 -> float32 einsum; the probabilities then take ``v``'s dtype."""
+    with torch.autocast(q.device.type, enabled=False):
+        scores = torch.einsum("bhtd,bhsd->bhts", q.float(), k.float()) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            scores = scores.masked_fill(~mask, MASK_VALUE)
+        weights = torch.softmax(scores, dim=-1).to(v.dtype)
     if dropout is not None:
         weights = dropout(weights)
     return torch.einsum("bhts,bhsd->bhtd", weights, v)  # (B, nh, T, hs)

@@ -30,7 +30,16 @@ def build_model(family: str, model_config, seed: int) -> nn.Module:
     if family not in MODELS:
         raise ValueError(f"unknown family {family!r}; choose one of {sorted(MODELS)}")
     torch.manual_seed(seed)
-    return MODELS[family](model_config)
+    # Stored in param_dtype; the compute dtype is autocast's (see _autocast).
+    return MODELS[family](model_config).to(getattr(torch, model_config.param_dtype))
+
+
+def _autocast(model_config, device: torch.device):
+    """The forward and the loss under ``torch.autocast`` when the config's compute ``dtype`` is
+    bfloat16 or float16: torch's mixed precision, jaxformer's compute dtype (the two round
+    different values: docs/scale.md)."""
+    return torch.autocast(device.type, dtype=getattr(torch, model_config.dtype),
+                          enabled=model_config.dtype != "float32")
 
 
 def _to_tensors(batch: dict, device=None) -> dict[str, torch.Tensor]:
@@ -54,7 +63,8 @@ class TrainStep:
         total = torch.zeros((), device=device)
         for a in range(accum):
             micro = _to_tensors({key: value[a] for key, value in batch.items()}, device)
-            loss = losses.batch_loss(self.family, self.model, micro, self.config) / accum
+            with _autocast(self.model_config, device):
+                loss = losses.batch_loss(self.family, self.model, micro, self.config) / accum
             loss.backward()
             total += loss.detach()
         params = list(self.model.parameters())
@@ -75,8 +85,9 @@ class TrainStep:
         device = next(self.model.parameters()).device
         self.model.eval()
         try:
-            return float(losses.batch_loss(self.family, self.model,
-                                           _to_tensors(batch, device), self.config))
+            with _autocast(self.model_config, device):
+                return float(losses.batch_loss(self.family, self.model,
+                                               _to_tensors(batch, device), self.config))
         finally:
             self.model.train()
 
