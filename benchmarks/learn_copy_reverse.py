@@ -193,7 +193,7 @@ def plot(results: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = learn_common.argument_parser(__doc__, steps=1500).parse_args(argv)
+    args = learn_common.argument_parser(__doc__, steps=1200).parse_args(argv)
     run = learn_common.Run(argv)
     results = {task: run_task(task, args) for task in TASKS}
     record = {"benchmark": "learn_copy_reverse", **run.finish(),

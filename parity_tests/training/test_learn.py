@@ -54,10 +54,16 @@ def test_speeches_are_the_sentences_and_plays_the_documents():
     text = learn_bert.bert_text({"one": PLAY, "two": PLAY.replace("cat", "owl"), "poem": "O."})
     documents = text.strip().split("\n\n")
     assert len(documents) == 2 and documents[1].splitlines()[0].startswith("The owl")
-    genre = learn_bert.genre_text({"a": PLAY, "b": PLAY, "c": PLAY},
-                                  {"a": "comedy", "b": "comedy", "c": "tragedy"}, seed=0)
-    labels = [line.split("\t")[0] for line in genre.splitlines()]
-    assert labels.count("comedy") == labels.count("tragedy") == 3  # balanced
+    first, second = learn_bert.TASK_PLAYS
+    long = "\n\n".join(f"ALPHA.\nspeech number {i} of the first play" for i in range(9))
+    other = "\n\n".join(f"Beta.\nanother speech, {i}, of the second" for i in range(4))
+    train, held = learn_bert.play_task({first: long, second: other + "\n\n" + PLAY}, seed=0)
+    rows = [line.split("\t") for line in train.splitlines() + held.splitlines()]
+    assert all(len(text.split()) >= learn_bert.MIN_WORDS for _, text in rows)  # "No." dropped
+    for split, n in ((train, 4), (held, 1)):  # the second play's 5 long speeches: 4 + 1
+        labels = [line.split("\t")[0] for line in split.splitlines()]
+        assert labels.count(first) == labels.count(second) == n
+    assert not set(train.splitlines()) & set(held.splitlines())
 
 
 def test_plays_are_cut_by_the_manifest(tmp_path):
