@@ -176,6 +176,7 @@ def bench_workload(name, args, bench):
                 with jax.default_matmul_precision(precision):
                     out = trainer(batch)
             losses[key].append(out["loss"])
+            print(f"  {name} {key}: step {len(losses[key])}, loss {out['loss']:.6f}", flush=True)
             return out
         return run
 
@@ -306,9 +307,11 @@ def main(argv=None):
                       "compiled model. Dropout 0, the same weights and batch; first-step losses "
                       f"equal to {LOSS_RTOL} (checked). jaxformer attention: "
                       f"`{args.attention_implementation}`.")
+    rc = 1
     for name in args.models:
         bench.add(name, bench_workload(name, args, bench))
-    return bench.finish()
+        rc = bench.finish()  # after every case: a run stopped later keeps the finished cases
+    return rc
 
 
 if __name__ == "__main__":
