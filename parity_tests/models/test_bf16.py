@@ -31,6 +31,12 @@ bound is 5e-2, 1.7x the largest measurement (BERT's NSP logits, a tanh pooler an
 on one token, the noisiest output); at N(0, 0.02) initial weights every error was below 9e-3.
 The lower check (bfloat16 differs from float32 by more than 1e-4, 250x float32's error) shows
 the computation really ran in bfloat16.
+
+Also here: every reduction (LayerNorm statistics, softmax, log-softmax) and every exp, log and
+rsqrt of a bfloat16 model's traced forward and loss runs in float32; pure bfloat16
+(``param_dtype="bfloat16"``) stores every parameter in bfloat16, computes exactly the
+mixed-precision forward and trains; float16 on CPU runs under ``jit``. The comparison with
+torch_ref under ``torch.autocast`` is ``test_autocast.py``.
 """
 
 from __future__ import annotations

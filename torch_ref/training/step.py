@@ -30,8 +30,10 @@ def build_model(family: str, model_config, seed: int) -> nn.Module:
     if family not in MODELS:
         raise ValueError(f"unknown family {family!r}; choose one of {sorted(MODELS)}")
     torch.manual_seed(seed)
-    # Stored in param_dtype; the compute dtype is autocast's (see _autocast).
-    return MODELS[family](model_config).to(getattr(torch, model_config.param_dtype))
+    model = MODELS[family](model_config)
+    if model_config.param_dtype != "float32":  # the compute dtype is autocast's (_autocast)
+        model = model.to(getattr(torch, model_config.param_dtype))
+    return model
 
 
 def _autocast(model_config, device: torch.device):
