@@ -105,14 +105,15 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    colors = {"jax": "tab:blue", "torch": "tab:orange"}
+    styles = {"jax": ("tab:blue", "o-"), "torch": ("tab:orange", "x--")}  # equal curves overlap
     for framework, run in report["runs"].items():
+        color, style = styles[framework]
         steps = range(1, len(run["train_loss"]) + 1)
-        ax.plot(steps, run["train_loss"], color=colors[framework], alpha=0.3, lw=0.8,
+        ax.plot(steps, run["train_loss"], color=color, alpha=0.3, lw=0.8,
                 label=f"{framework} train loss (per batch)")
-        ax.plot([e["step"] for e in run["val_loss"]], [e["loss"] for e in run["val_loss"]], "o-",
-                color=colors[framework], label=f"{framework} val loss (final "
-                f"{run['final_val_loss']:.3f}, {run['wall_s']:.0f} s)")
+        ax.plot([e["step"] for e in run["val_loss"]], [e["loss"] for e in run["val_loss"]], style,
+                color=color, label=f"{framework} val loss (final {run['final_val_loss']:.3f}; "
+                f"{run['wall_s']:.0f} s, load average {run['loadavg_before'][0]})")
     ax.axhline(NANOGPT_VAL_LOSS, color="gray", ls="--", lw=1,
                label=f"nanoGPT README: val {NANOGPT_VAL_LOSS} (its corpus)")
     ax.set_xlabel("update")
