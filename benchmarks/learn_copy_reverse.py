@@ -15,8 +15,8 @@ What is reported, on the held-out sequences: exact-match accuracy (every target 
 end token right) with teacher forcing (the argmax at each position, given the true prefix) and
 with greedy decoding through ``jaxformer.generation.generate`` (the model's own prefix, KV cache),
 which is the stricter of the two; the goal is >= 99% for both tasks. The model: 2 + 2 layers,
-width 64, 4 heads, FFN 128, no dropout (~170k parameters), small enough that both tasks train
-in about a minute each on a shared 2-core CPU.
+width 64, 4 heads, FFN 128, no dropout (168k parameters); AdamW at 2e-3, cosine, batch 64.
+Both tasks pass 99% by step 720 of 1200 (``results/learn_copy_reverse.json``).
 """
 
 from __future__ import annotations
