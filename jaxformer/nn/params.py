@@ -15,6 +15,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer.sharding import constrain
+
 
 def _names(names: tuple) -> dict:
     """Variable metadata holding logical axis names (see the module doc)."""
@@ -48,7 +50,12 @@ class Embed(nnx.Embed):
             raise TypeError(f"embedding ids must be integers, got dtype {inputs.dtype}")
         (table,) = self.promote_dtype((self.embedding[...],), dtype=self.dtype, inexact=False)
         ids = jnp.where(inputs < 0, self.num_embeddings, inputs)  # negatives -> out of range
-        return jnp.take(table, ids, axis=0, mode="fill", fill_value=jnp.nan)
+        # Under a mesh, FSDP gathers the table's feature shards before the lookup (XLA cannot
+        # turn a lookup split by features into one split by examples without a full copy).
+        rows = (self.embedding.get_metadata().get("out_sharding") or (None,))[0]
+        table = constrain(table, (rows, None))
+        return constrain(jnp.take(table, ids, axis=0, mode="fill", fill_value=jnp.nan),
+                         ("batch",) + (None,) * (ids.ndim - 1) + ("hidden",))
 
 
 def embedding(num_embeddings: int, config, *, names: tuple[str, str],
