@@ -47,6 +47,7 @@ from jaxformer.nn.masks import causal_mask, combine_masks, padding_mask
 from jaxformer.nn.params import embedding, layer_norm, linear
 from jaxformer.nn.stack import LayerStack
 from jaxformer.numerics import sinusoidal_positions
+from jaxformer.sharding import constrain
 
 # The fixed table of positions, computed once per size on the host.
 sinusoidal_table = functools.lru_cache(maxsize=None)(sinusoidal_positions)
@@ -142,6 +143,7 @@ class DecoderLayer(nnx.Module):
             x = self.self_attention_norm(x + self.dropout(h))
             x = self.cross_attention_norm(x + self.dropout(cross_attend(x)))
             x = self.ffn_norm(x + self.dropout(self.feed_forward(x)))
+        x = constrain(x, ("batch", "seq", "hidden"))  # the residual stream: split by examples
         return x if cache is None else (x, {"self": self_cache, "cross": cross_cache})
 
 
