@@ -13,31 +13,37 @@ compiled torch model is ``torch_model.compile()`` (inductor), the loop's ``--com
 - ``torch_ref compile``: the same step on the compiled model (the optimizer stays eager, as in
   the loop).
 
-Workloads (the sizes of the training-benchmark issue): GPT-2 small (``GPTConfig.gpt2()``), batch
-4 x 256, causal LM loss, no padding (the loop packs text into full windows); BERT-base
-(``BertConfig.base()``), batch 8 x 128, masked LM (15% of the real tokens) + next sentence,
-right padding as in ``bench_forward.py``. Dropout is 0 on both sides so that the work is the
-same; every candidate trains on the very same numpy batch at every step. Before anything is timed
-each candidate makes one step from the same weights and their losses must agree to 1e-5
-(relative), or the script stops: the timings then compare equal work. After the timed rounds
-every candidate has made the same number of steps, and the largest relative difference of their
-losses at each step is recorded (DESIGN.md allows 1e-5 over 10 steps, 1e-4 over 100).
+Workloads (the sizes of the training-benchmark issue): GPT-2 small (``GPTConfig.gpt2()``), batch 4
+x 256, causal LM loss, no padding (the loop packs text into full windows); BERT-base
+(``BertConfig.base()``), batch 8 x 128, masked LM + next sentence, right padding as in
+``bench_forward.py``, the masked positions drawn as ``jaxformer.training.data`` draws them (15% of
+the real tokens, at most ``TrainConfig.max_predictions`` per row, where the MLM head runs). Dropout
+is 0 on both sides so that the work is the same; every candidate trains on the very same numpy
+batch at every step. Before anything is timed each candidate makes one step from the same weights
+and their losses must agree to 1e-5 (relative), or the script stops: the timings then compare equal
+work. After the timed rounds every candidate has made the same number of steps, and the largest
+relative difference of their losses at each step is recorded (DESIGN.md allows 1e-5 over 10 steps,
+1e-4 over 100).
 
 Reported per case (on top of the harness's medians, tokens/s, model FLOP/s, MFU over the measured
 matmul peak): compile time (jaxformer: ``lower`` + ``compile`` of the step, timed before its
 first call, which then only traces; torch.compile: its first call minus its median step), XLA's
 own FLOP and byte counts of the compiled step, and jaxformer's speed over torch.compile. Model
-FLOPs: ``jaxformer.models.flops.train_step_flops`` (3 x forward, the MLM head on every position,
-as the model runs it).
+FLOPs: ``jaxformer.models.flops.train_step_flops`` (3 x forward, the MLM head at the positions
+it runs at).
 
 ``--jax-variants`` adds jaxformer steps built with other computation switches (attention
 implementation, remat, scanned layers, matmul precision) to the same interleaved rounds, for the
-experiments recorded in results/; XLA flags need a process each
-(``--xla-flags ... --tag ...``). ``--profile DIR`` writes a ``jax.profiler`` trace of two steps.
+experiments recorded in results/ (``--jax-only`` leaves torch out); XLA flags need a process
+each (``--xla-flags ... --tag ...``). ``--profile DIR`` writes a ``jax.profiler`` trace of two
+steps. Memory: GPT-2 with its three candidates holds about 10 GB; each extra variant ~3 GB.
+On a shared machine time one thread in process CPU time (``taskset -c 1 ... --threads 1
+--clock cpu``, benchmarks/README.md); a GPT-2 step then takes 13-19 s of CPU.
 
     python benchmarks/bench_train.py                      # both models, 5 rounds (minutes)
-    python benchmarks/bench_train.py --quick --no-save    # tiny models: a smoke run (seconds)
-    python benchmarks/bench_train.py --models gpt2 --jax-variants einsum,scan --tag variants
+    python benchmarks/bench_train.py --quick --no-save    # tiny models: a smoke run (minutes:
+                                                          # torch.compile compiles ~2 min)
+    python benchmarks/bench_train.py --models gpt2 --jax-only --jax-variants scan --tag scan
 """
 
 from __future__ import annotations
