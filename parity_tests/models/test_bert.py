@@ -178,6 +178,7 @@ def test_transformer_block(name, kind):
     check_padded_row(expected, got, kind)
 
 
+@pytest.mark.usefixtures("scan_layers")
 @pytest.mark.parametrize("kind", MASK_KINDS)
 def test_encoder(kind):
     torch_enc, jax_enc = twins(tb.BertEncoder, jb.BertEncoder, TINY)
@@ -258,6 +259,7 @@ def test_bert_model(name, kind):
     assert_close(pooled_t, pooled_j, what="pooled")
 
 
+@pytest.mark.usefixtures("scan_layers")
 @pytest.mark.parametrize("kind", MASK_KINDS)
 @pytest.mark.parametrize("name", ["tiny", "d2l_small"])
 def test_bert_for_pretraining(name, kind):

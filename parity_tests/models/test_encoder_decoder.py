@@ -231,6 +231,7 @@ def test_encoder_parity(name, kind):
     assert_close(expected, actual, real_rows(src_mask, B, S), what=f"{name} {kind} encoder")
 
 
+@pytest.mark.usefixtures("scan_layers")
 @pytest.mark.parametrize("kind", MASK_KINDS)
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_model_parity(name, kind):
@@ -375,6 +376,7 @@ def test_jit_matches_eager():
     assert max_rel_diff(eager, jitted, real_rows(tgt_mask, B, T)) <= JIT_TOL
 
 
+@pytest.mark.usefixtures("scan_layers")
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_conversion_round_trip_bit_identical(name):
     torch_model, jax_model = pair(name)

@@ -197,6 +197,7 @@ def test_model_parity(config_name, kind, rng):
     assert_close(t_logits, j_logits, where=where, what=f"logits ({config_name}, {kind})")
 
 
+@pytest.mark.usefixtures("scan_layers")
 @pytest.mark.parametrize("batch,seq", [(1, 1), (4, 16)])
 def test_model_parity_shapes(batch, seq, rng):
     """Other batch and sequence sizes, down to a single token, with left padding."""
@@ -426,6 +427,7 @@ def next_token_loss_np_weights(ids, mask):
     return ids[:, 1:], w
 
 
+@pytest.mark.usefixtures("scan_layers")
 @pytest.mark.parametrize("config_name,kind", [("gpt2_tiny", "none"),
                                               ("simple_gpt_tiny", "left_padding")])
 def test_gradients_match(config_name, kind, rng):
@@ -475,6 +477,7 @@ def test_gradients_match(config_name, kind, rng):
 
 # ----------------------------------------------------------------------------- conversion
 
+@pytest.mark.usefixtures("scan_layers")
 @pytest.mark.parametrize("config_name", list(CONFIGS))
 def test_conversion_round_trip_bit_identical(config_name):
     config = CONFIGS[config_name]
