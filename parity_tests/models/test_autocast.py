@@ -271,3 +271,29 @@ def test_torch_train_step_autocasts():
         assert ("linear", torch.bfloat16) in seen, seen
         assert ("embedding", getattr(torch, param_dtype)) in seen, seen
         seen.clear()
+
+
+def test_train_dtype_flags(tmp_path, monkeypatch, capsys):
+    """``jaxformer train --dtype/--param-dtype`` reach the model config of the run (and so its
+    identity, which ``--resume`` compares); a dtype outside the config's choices is refused."""
+    from jaxformer import cli
+    from jaxformer.training import loop
+    from parity_tests.training.test_cli import write_corpus
+
+    prepared = []
+
+    def prepare_only(config, options):  # everything before the first step, then stop
+        prepared.append(loop.prepare(config, options))
+        raise ValueError("stopped before training")
+
+    monkeypatch.setattr(loop, "train", prepare_only)
+    data = write_corpus(tmp_path / "corpus.txt", lines=40)
+    flags = ["train", "--family", "gpt", "--data", data, "--steps", "1", "--checkpoint-dir",
+             str(tmp_path / "run"), "--dtype", "bfloat16", "--param-dtype", "bfloat16"]
+    assert cli.main(flags) == 2 and "stopped before training" in capsys.readouterr().err
+    _, identity, model_cfg, *_ = prepared[0]
+    assert (model_cfg.dtype, model_cfg.param_dtype) == ("bfloat16", "bfloat16")
+    assert identity["model_config"]["dtype"] == "bfloat16"
+    with pytest.raises(SystemExit):
+        cli.main(flags[:-4] + ["--dtype", "float64"])
+    assert "--dtype: invalid choice: 'float64'" in capsys.readouterr().err
