@@ -259,7 +259,6 @@ def test_bert_model(name, kind):
     assert_close(pooled_t, pooled_j, what="pooled")
 
 
-@pytest.mark.usefixtures("scan_layers")
 @pytest.mark.parametrize("kind", MASK_KINDS)
 @pytest.mark.parametrize("name", ["tiny", "d2l_small"])
 def test_bert_for_pretraining(name, kind):

@@ -231,7 +231,6 @@ def test_encoder_parity(name, kind):
     assert_close(expected, actual, real_rows(src_mask, B, S), what=f"{name} {kind} encoder")
 
 
-@pytest.mark.usefixtures("scan_layers")
 @pytest.mark.parametrize("kind", MASK_KINDS)
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_model_parity(name, kind):
