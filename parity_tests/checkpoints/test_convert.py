@@ -79,6 +79,7 @@ def randomize_nnx(model: nnx.Module, seed: int) -> nnx.Module:
     return model
 
 
+@pytest.mark.usefixtures("scan_layers")
 @pytest.mark.parametrize("config_name", ["tiny", "d2l_small"])
 @pytest.mark.parametrize("name", BERT_CLASSES + LAYER_CLASSES)
 def test_round_trip_is_bit_identical(name, config_name):
