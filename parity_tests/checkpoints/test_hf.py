@@ -258,6 +258,7 @@ def our_twins(name: str, config, seed: int = 0):
     return torch_model, jax_model
 
 
+@pytest.mark.usefixtures("scan_layers")
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("name,config,arch", EXPORTS,
                          ids=[f"{n}-{a}-{i}" for i, (n, _, a) in enumerate(EXPORTS)])
