@@ -12,9 +12,10 @@ clipping at 1), shortened to ``--steps`` updates, run through ``jaxformer train`
 
 The batches are a function of the step, so the curves are paired step by step: the gap of the
 training loss is measured on a moving average (``--window`` updates) of the per-step difference,
-the validation gap at every evaluation (``--eval-iters`` fixed held-out batches). Step times are
-medians (this CPU has no bfloat16 matmul units: XLA converts to float32 and back, so bfloat16 is
-slower here, not faster). Results: ``benchmarks/results/bf16_training.json`` and ``.png``.
+the validation gap at every evaluation (``--eval-iters`` fixed held-out batches). Step times:
+the runs' wall-clock medians, and after the runs ``--time-rounds`` rounds of one update per
+precision, interleaved (ABC CBA ...), on the process-CPU clock, which a process is not charged
+while other processes hold the cores. Results: ``benchmarks/results/bf16_training.json``, ``.png``.
 
   python benchmarks/bf16_training.py                         # 500 updates, the three precisions
   python benchmarks/bf16_training.py --steps 20 --eval-every 10 --no-save   # smoke
@@ -61,6 +62,33 @@ def train_one(name: str, config, args, train: Path, val: Path, runs: Path) -> di
             "train_loss": [r["loss"] for r in records],
             "val_loss": [{"step": r["step"], "loss": r["val_loss"]} for r in records
                          if "val_loss" in r]}
+
+
+def time_steps(config, variants: list[str], rounds: int, train: Path) -> dict:
+    """Median seconds of one jitted update per precision, interleaved, process-CPU and wall."""
+    from jaxformer.training import config as train_config
+    from jaxformer.training import vocab
+    from jaxformer.training.step import TrainStep, build_model
+
+    tokenizer = vocab.char_tokenizer(train.read_text())
+    ids = vocab.encode_chars(tokenizer, train.read_text()[:100_000])
+    B, T = config.batch_size, config.seq_len
+    starts = np.random.RandomState(0).randint(0, len(ids) - T - 1, B)
+    batch = {"input_ids": np.stack([ids[s:s + T] for s in starts])[None],
+             "labels": np.stack([ids[s + 1:s + T + 1] for s in starts])[None],
+             "attention_mask": np.ones((1, B, T), np.int64)}
+    steps = {}
+    for name in variants:
+        dtype, param_dtype = VARIANTS[name]
+        model_cfg = train_config.model_config("gpt", "baby", vocab_size=tokenizer.get_vocab_size(),
+                                              dtype=dtype, param_dtype=param_dtype)
+        trainer = TrainStep("gpt", build_model("gpt", model_cfg, config.seed), config)
+        for _ in range(3):  # compile, warm up
+            trainer(batch)
+        steps[name] = lambda trainer=trainer: trainer(batch)  # returns floats: work is done
+    cpu, wall = harness.time_interleaved(steps, rounds, clock="cpu")
+    return {name: {"cpu_s": harness.summarize(cpu[name]), "wall_s": harness.summarize(wall[name])}
+            for name in variants}
 
 
 def moving_average(x: np.ndarray, window: int) -> np.ndarray:
@@ -136,6 +164,11 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated, float32 first (default {','.join(VARIANTS)})")
     parser.add_argument("--log-every", type=int, default=50, help="progress line period")
+    parser.add_argument("--time-rounds", type=int, default=30,
+                        help="interleaved timing rounds after the runs (0: none)")
+    parser.add_argument("--time-only", action="store_true",
+                        help="no training: time the updates and add the timing to the existing "
+                             "bf16_training.json in --out")
     args = parser.parse_args(argv)
     variants = args.variants.split(",")
     if variants[0] != "float32" or not set(variants) <= set(VARIANTS):
@@ -145,6 +178,20 @@ def main(argv=None) -> int:
     bench = harness.start(args, "bf16_training", title="baby GPT: bfloat16 vs float32")
     train, val = baby_gpt.corpus_files(Path(args.data_dir).expanduser())
     config = baby_gpt.recipe(args)
+    out = Path(args.out)
+    if args.time_only:
+        report = json.loads((out / "bf16_training.json").read_text())
+        load_before = harness.loadavg()
+        report["step_time"] = time_steps(config, variants, args.time_rounds or 30, train)
+        report["step_time_load"] = [load_before, harness.loadavg()]
+        report["step_time_command"] = bench.report["command"]
+        print(json.dumps({k: {c: round(v[c]["median_s"] * 1e3, 1) for c in v}
+                          for k, v in report["step_time"].items()}), "ms", flush=True)
+        if not args.no_save:
+            tmp = out / f".bf16_training.json.tmp-{os.getpid()}"
+            tmp.write_text(json.dumps(report, indent=1) + "\n")
+            os.replace(tmp, out / "bf16_training.json")
+        return 0
     report = {"benchmark": "bf16_training", "command": bench.report["command"],
               "environment": bench.env, "train_config": config.to_dict(),
               "data": {"train": str(train), "val": str(val)}, "runs": {}, "gaps": {}}
@@ -155,13 +202,19 @@ def main(argv=None) -> int:
             print(f"== {name}: final val loss {run['val_loss'][-1]['loss']:.4f}, "
                   f"{run['step_seconds_median'] * 1e3:.1f} ms/step, wall {run['wall_s']:.0f} s, "
                   f"load {run['loadavg_before']} -> {run['loadavg_after']}", flush=True)
+    if args.time_rounds:
+        print(f"== timing: {args.time_rounds} interleaved rounds", flush=True)
+        load_before = harness.loadavg()
+        report["step_time"] = time_steps(config, variants, args.time_rounds, train)
+        report["step_time_load"] = [load_before, harness.loadavg()]
+        print(json.dumps({k: {c: round(v[c]["median_s"] * 1e3, 1) for c in v}
+                          for k, v in report["step_time"].items()}), "ms", flush=True)
     for name in variants[1:]:
         report["gaps"][name] = gaps(report["runs"][name], report["runs"]["float32"], args.window)
         print(name, json.dumps({k: v for k, v in report["gaps"][name].items()
                                 if k != "val_loss_by_eval"}))
     if args.no_save:
         return 0
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".bf16_training.json.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(report, indent=1) + "\n")
