@@ -345,6 +345,14 @@ def launch(processes: int, local_devices: int, worker_args: list[str],
                 child.wait()
 
 
+def result(output: str) -> dict:
+    """The JSON line a ``train`` process prints, from its output (logs around it ignored)."""
+    for line in reversed(output.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise ValueError(f"no result line in the process's output:\n{output[-2000:]}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jaxformer.sharding", description=(
         "Train the demo GPT over a mesh, in one process or several. `launch` starts several "
@@ -374,7 +382,7 @@ def main(argv=None) -> int:
               str(args.batch_size), "--seed", str(args.seed)]
     if args.command == "launch":
         outputs = launch(args.processes, args.local_devices, common, args.timeout)
-        print(outputs[0].strip().splitlines()[-1])
+        print(json.dumps(result(outputs[0])))
         return 0
     if not args.single:
         initialize_distributed(args.coordinator, args.num_processes, args.process_id)

@@ -9,7 +9,6 @@ DESIGN.md: sharded vs one device, losses equal to 1e-5 relative over 20 steps.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -124,7 +123,7 @@ def eight_devices() -> dict:
     except subprocess.TimeoutExpired:  # subprocess.run kills the worker
         pytest.fail(f"the 8-device worker did not finish in {TIMEOUT} s")
     assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return sharding.result(run.stdout)
 
 
 @pytest.mark.parametrize("mesh", ["data=8", "fsdp=8", "data=2,tensor=4",
@@ -181,7 +180,7 @@ def test_two_processes_equal_one(eight_devices, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", FAST_COMPILE)  # as the reference run in the worker
     outputs = sharding.launch(2, 4, ["--mesh", "data=2,fsdp=2,tensor=2", "--steps", "20"],
                               timeout=TIMEOUT)
-    runs = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+    runs = [sharding.result(out) for out in outputs]
     assert [r["process"] for r in runs] == [0, 1]
     assert all(r["processes"] == 2 and r["devices"] == 8 for r in runs)
     assert runs[0]["losses"] == runs[1]["losses"]
