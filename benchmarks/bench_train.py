@@ -137,7 +137,9 @@ def bench_workload(name, args, bench):
     import numpy as np
 
     from jaxformer import config as jconfig
+    from jaxformer.checkpoints import convert
     from jaxformer.models import flops
+    from jaxformer.training import step as jax_step
     from jaxformer.training.config import TrainConfig
     from jaxformer.training.loop import RunOptions, _build_trainer
 
@@ -161,8 +163,12 @@ def bench_workload(name, args, bench):
 
     jax_steps = {"jaxformer": (build("jax"), None)}
     for v in args.jax_variants:
+        # The base step's weights, through the torch layout: a scanned stack initialises its
+        # stacked parameters from other random draws than the unrolled one.
         fields = {k: x for k, x in VARIANTS[v].items() if k != "precision"}
-        jax_steps[f"jaxformer {v}"] = (build("jax", dataclasses.replace(cfg, **fields)),
+        variant = jax_step.build_model(family, dataclasses.replace(cfg, **fields), tc.seed)
+        convert.torch_to_nnx(convert.nnx_to_torch(jax_steps["jaxformer"][0].model), variant)
+        jax_steps[f"jaxformer {v}"] = (jax_step.TrainStep(family, variant, tc),
                                        VARIANTS[v].get("precision"))
     trainers = {k: t for k, (t, _) in jax_steps.items()}
     if not args.jax_only:
