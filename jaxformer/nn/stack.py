@@ -113,7 +113,7 @@ class LayerStack(nnx.Module):
         graphdef, state = nnx.split(self.stacked)
         return jax.vmap(lambda layer: fn(nnx.merge(graphdef, _one_layer(layer))))(state)
 
-    def _apply(self, block, *args):
+    def _run_block(self, block, *args):
         if self.remat == "none":
             return block(*args)
         # Inside a scan, common-subexpression elimination cannot merge the recomputation with
@@ -128,10 +128,10 @@ class LayerStack(nnx.Module):
             new_cache = []
             for i, block in enumerate(self):
                 if cached:
-                    x, layer_cache = self._apply(block, x, *args, cache[i], cache_index)
+                    x, layer_cache = self._run_block(block, x, *args, cache[i], cache_index)
                     new_cache.append(layer_cache)
                 else:
-                    x = self._apply(block, x, *args)
+                    x = self._run_block(block, x, *args)
             return (x, new_cache) if cached else x
 
         graphdef, params, rest = nnx.split(self.stacked, nnx.Param, ...)
@@ -141,9 +141,9 @@ class LayerStack(nnx.Module):
             params, rest, layer_cache = scanned
             block = nnx.merge(graphdef, _one_layer(params), _one_layer(rest))
             if cached:
-                x, layer_cache = self._apply(block, x, *args, layer_cache, cache_index)
+                x, layer_cache = self._run_block(block, x, *args, layer_cache, cache_index)
             else:
-                x = self._apply(block, x, *args)
+                x = self._run_block(block, x, *args)
             rest = (spmd.add_axis(nnx.split(block, nnx.Param, ...)[2], 0, LAYER_AXIS) if draws
                     else None)
             return x, (rest, layer_cache)

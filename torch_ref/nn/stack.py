@@ -38,7 +38,7 @@ class LayerStack(nn.Module):
     def map(self, fn):
         return [fn(block) for block in self]
 
-    def _apply(self, block, *args):
+    def _run_block(self, block, *args):
         if self.remat == "none" or not self.training:
             return block(*args)
         return checkpoint(block, *args, use_reentrant=False)
@@ -48,8 +48,8 @@ class LayerStack(nn.Module):
         new_cache = []
         for i, block in enumerate(self):
             if cached:
-                x, layer_cache = self._apply(block, x, *args, cache[i], cache_index)
+                x, layer_cache = self._run_block(block, x, *args, cache[i], cache_index)
                 new_cache.append(layer_cache)
             else:
-                x = self._apply(block, x, *args)
+                x = self._run_block(block, x, *args)
         return (x, new_cache) if cached else x
