@@ -144,15 +144,16 @@ def main(argv=None) -> int:
     report = {"benchmark": "compile", "command": "python " + " ".join(sys.argv),
               "environment": bench.env, "model": dict(BASE, family="bert"),
               "batch": args.batch, "seq": args.seq, "repeats": args.repeats, "results": {},
-              "skipped": {}}
+              "skipped": {}, "complete": False}
     started = time.perf_counter()
+    per_layer = {}  # (workload, scan) -> CPU seconds per layer of the last case measured
     for workload in args.workloads:
-        for scan in (True, False):
-            per_layer = None  # unrolled: seconds per layer, from the last case measured
-            for depth in args.depths:
+        for depth in args.depths:
+            for scan in (True, False):
                 name = f"{workload}/{'scanned' if scan else 'unrolled'}/{depth}"
-                if not scan and per_layer is not None and per_layer * depth > args.skip_s:
-                    report["skipped"][name] = (f"predicted {per_layer * depth:.0f} cpu s "
+                predicted = per_layer.get((workload, scan), 0.0) * depth
+                if not scan and predicted > args.skip_s:
+                    report["skipped"][name] = (f"predicted {predicted:.0f} cpu s "
                                                f"> --skip-s {args.skip_s:.0f} s")
                     print(f"{name}: skipped ({report['skipped'][name]})", flush=True)
                     continue
@@ -170,26 +171,31 @@ def main(argv=None) -> int:
                         "temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
                         "loadavg_before": load_before, "loadavg_after": harness.loadavg()}
                 report["results"][name] = case
-                if not scan:
-                    per_layer = case["median"]["total_cpu_s"] / depth
+                per_layer[workload, scan] = case["median"]["total_cpu_s"] / depth
                 m = case["median"]
                 print(f"{name}: {m['total_wall_s']:.2f} s wall ({m['lower_wall_s']:.2f} lower + "
                       f"{m['compile_wall_s']:.2f} compile), {m['total_cpu_s']:.2f} s cpu, "
                       f"{len(times)} run(s), load {case['loadavg_after']}, "
                       f"{time.perf_counter() - started:.0f} s so far", flush=True)
-    report["total_runtime_s"] = time.perf_counter() - started
-    if args.no_save:
-        return 0
-    out = Path(args.out)
+                report["total_runtime_s"] = time.perf_counter() - started
+                if not args.no_save:  # after every case: a stopped run keeps what it measured
+                    save(report, Path(args.out), args)
+    report["complete"] = True
+    if not args.no_save:
+        save(report, Path(args.out), args)
+        print(f"wrote {Path(args.out) / 'bench_compile.json'} and .png")
+    return 0
+
+
+def save(report: dict, out: Path, args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "bench_compile.json.tmp"
     tmp.write_text(json.dumps(report, indent=1))
     tmp.replace(out / "bench_compile.json")
     plot(report["results"], out / "bench_compile.png",
-         f"BERT-base width, batch {args.batch} x {args.seq}: lower + compile (CPU clock, "
-         f"load {report['environment'].get('cpu_count')} cores shared)", "cpu")
-    print(f"wrote {out / 'bench_compile.json'} and {out / 'bench_compile.png'}")
-    return 0
+         f"BERT-base width, batch {args.batch} x {args.seq}: lower + compile, CPU seconds\n"
+         f"({report['environment'].get('cpu_count')} cores shared, load average up to "
+         f"{max(c['loadavg_after'][0] for c in report['results'].values()):.0f})", "cpu")
 
 
 if __name__ == "__main__":
