@@ -5,11 +5,12 @@ token sequences, with jaxformer's ``Transformer`` trained by ``TrainStep`` (JAX)
                                                        # other work kept 90% busy)
     python benchmarks/learn_copy_reverse.py --steps 5  # smoke test
 
-The data: sequences of 4 to 12 symbols drawn uniformly from 10 (ids 3-12; 0 is padding, 1 begins
-the target, 2 ends it). Source ``x [EOS]``; decoder input ``[BOS] y``, labels ``y [EOS]`` with
-``y = x`` (copy) or ``x`` reversed (reverse). Each training batch is drawn fresh from a generator
-seeded by the step; 1,000 held-out sequences per task come from another seed, and any training
-row equal to a held-out one is redrawn, so the held-out sequences are never trained on.
+The data (``jaxformer.training.tasks``): sequences of 4 to 12 symbols drawn uniformly from 10
+ordinary ids (after the five special tokens). Source ``x [SEP]``; decoder input ``[CLS] y``,
+labels ``y [SEP]`` with ``y = x`` (copy) or ``x`` reversed (reverse). Each training batch is
+drawn fresh from a generator seeded by the step; 1,000 held-out sequences per task come from
+another seed, and any training row equal to a held-out one is redrawn, so the held-out
+sequences are never trained on.
 
 What is reported, on the held-out sequences: exact-match accuracy (every target token and the
 end token right) with teacher forcing (the argmax at each position, given the true prefix) and
@@ -28,59 +29,45 @@ from pathlib import Path
 import learn_common
 import numpy as np
 
-TASKS = ("copy", "reverse")
-PAD, BOS, EOS = 0, 1, 2
-SYMBOLS = 10  # ids 3 .. 12
+from jaxformer.training import tasks
+
+TASKS = tasks.TASKS
+PAD, BOS, EOS = (tasks.SPECIAL_IDS[name] for name in ("[PAD]", "[CLS]", "[SEP]"))
+SYMBOLS = 10  # the ordinary ids FIRST_ORDINARY_ID .. FIRST_ORDINARY_ID + 9
 MIN_LEN, MAX_LEN = 4, 12
 SEQ_LEN = MAX_LEN + 1  # the end token
-VOCAB = 3 + SYMBOLS
+VOCAB = tasks.FIRST_ORDINARY_ID + SYMBOLS
 EVAL_SIZE = 1000
 
 
-def sequences(rng: np.random.Generator, count: int) -> list[np.ndarray]:
-    lengths = rng.integers(MIN_LEN, MAX_LEN + 1, count)
-    return [rng.integers(3, VOCAB, n).astype(np.int32) for n in lengths]
+def pairs(task: str, count: int, seed) -> list[tuple[np.ndarray, np.ndarray]]:
+    return tasks.copy_reverse_pairs(count, task=task, vocab_size=VOCAB, min_len=MIN_LEN,
+                                    max_len=MAX_LEN, seed=seed)
 
 
-def target_of(task: str, x: np.ndarray) -> np.ndarray:
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
-    return x if task == "copy" else x[::-1]
-
-
-def batch(task: str, xs: list[np.ndarray]) -> dict[str, np.ndarray]:
+def batch(task_pairs) -> dict[str, np.ndarray]:
     """A transformer micro-batch (``data.BATCH_KEYS["transformer"]``), padded to ``SEQ_LEN``."""
-    B = len(xs)
-    out = {"src_ids": np.full((B, SEQ_LEN), PAD, np.int32),
-           "tgt_ids": np.full((B, SEQ_LEN), PAD, np.int32),
-           "labels": np.full((B, SEQ_LEN), -100, np.int32)}
-    for r, x in enumerate(xs):
-        y, n = target_of(task, x), len(x)
-        out["src_ids"][r, : n + 1] = [*x, EOS]
-        out["tgt_ids"][r, : n + 1] = [BOS, *y]
-        out["labels"][r, : n + 1] = [*y, EOS]
-    lengths = np.array([len(x) + 1 for x in xs])[:, None]
-    out["src_mask"] = out["tgt_mask"] = (np.arange(SEQ_LEN)[None] < lengths).astype(np.int32)
-    return out
+    return tasks.encoder_decoder_batch(task_pairs, SEQ_LEN)
 
 
 class Stream:
     """Training batches as a pure function of ``(seed, step)``, never a held-out sequence."""
 
-    def __init__(self, task: str, seed: int, batch_size: int, held_out: list[np.ndarray]):
+    def __init__(self, task: str, seed: int, batch_size: int, held_out):
         self.task, self.seed, self.batch_size = task, seed, batch_size
-        self.held = {x.tobytes() for x in held_out}
+        self.held = {source.tobytes() for source, _ in held_out}
         self.redrawn = 0
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
-        rng = np.random.default_rng([self.seed, 1, step])
-        xs = sequences(rng, self.batch_size)
-        for r, x in enumerate(xs):
-            while x.tobytes() in self.held:
-                x = sequences(rng, 1)[0]
+        rows = pairs(self.task, self.batch_size, [self.seed, 1, step])
+        for r, row in enumerate(rows):
+            draw = 0
+            while row[0].tobytes() in self.held:
+                draw += 1
+                row = pairs(self.task, 1, [self.seed, 1, step, r, draw])[0]
                 self.redrawn += 1
-            xs[r] = x
-        return {k: v[None] for k, v in batch(self.task, xs).items()}  # one micro-batch
+            rows[r] = row
+        return {k: v[None] for k, v in batch(rows).items()}  # one micro-batch
 
 
 def model_config():
@@ -112,7 +99,7 @@ class Evaluator:
     def __init__(self, task: str, held_out: list[np.ndarray], trainer):
         from jaxformer.nn.jit import Jitted
 
-        self.batch, self.trainer = batch(task, held_out), trainer
+        self.batch, self.trainer = batch(held_out), trainer
         self._jitted = None
         self._Jitted = Jitted
 
@@ -154,7 +141,7 @@ def _params(model):
 def run_task(task: str, args) -> dict:
     from jaxformer.training.step import TrainStep, build_model
 
-    held_out = sequences(np.random.default_rng([args.seed, 2]), EVAL_SIZE)
+    held_out = pairs(task, EVAL_SIZE, [args.seed, 2])
     config = train_config(args.steps, args.seed)
     trainer = TrainStep("transformer", build_model("transformer", model_config(), args.seed),
                         config)

@@ -24,6 +24,19 @@ torch.set_float32_matmul_precision("highest")
 settings.register_profile("parity", max_examples=15, deadline=None, derandomize=True)
 settings.load_profile("parity")
 
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` run only where JAX sees a GPU; elsewhere they are skipped, saying
+    what the machine has."""
+    platforms = sorted({device.platform for device in jax.devices()})
+    if "gpu" in platforms:
+        return
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU; JAX sees only {', '.join(platforms)}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
     """Tiny models gain nothing from torch's intra-op threads, and on a 2-vCPU machine each op

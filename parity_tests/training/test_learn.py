@@ -80,22 +80,24 @@ def test_plays_are_cut_by_the_manifest(tmp_path):
 
 
 def test_copy_reverse_batches_and_held_out_sequences():
-    x = np.array([3, 4, 5, 6], np.int32)
-    b = lcr.batch("reverse", [x])
-    assert list(b["src_ids"][0, :6]) == [3, 4, 5, 6, lcr.EOS, lcr.PAD]
-    assert list(b["tgt_ids"][0, :6]) == [lcr.BOS, 6, 5, 4, 3, lcr.PAD]
-    assert list(b["labels"][0, :6]) == [6, 5, 4, 3, lcr.EOS, -100]
+    first = lcr.VOCAB - lcr.SYMBOLS  # the first ordinary id
+    x = np.arange(first, first + 4, dtype=np.int32)
+    b = lcr.batch([(x, x[::-1].copy())])
+    assert list(b["src_ids"][0, :6]) == [*x, lcr.EOS, lcr.PAD]
+    assert list(b["tgt_ids"][0, :6]) == [lcr.BOS, *x[::-1], lcr.PAD]
+    assert list(b["labels"][0, :6]) == [*x[::-1], lcr.EOS, -100]
     assert b["src_mask"][0].sum() == b["tgt_mask"][0].sum() == 5
     pred = np.where(b["labels"] == -100, 0, b["labels"])
     assert lcr.exact_match(pred, b["labels"]).all()
-    pred[0, 4] = 3  # a wrong end token is a wrong sequence
+    pred[0, 4] = first  # a wrong end token is a wrong sequence
     assert not lcr.exact_match(pred, b["labels"]).any()
     # every length-4 sequence held out: the training stream redraws them all
-    every = [np.array(s, np.int32) for s in itertools.product(range(3, lcr.VOCAB), repeat=4)]
+    every = [(np.array(s, np.int32),) * 2
+             for s in itertools.product(range(first, lcr.VOCAB), repeat=4)]
     stream = lcr.Stream("copy", 0, 64, every)
-    first = stream(0)
-    assert stream.redrawn > 0 and (first["src_mask"].sum(-1) > 5).all()
-    np.testing.assert_array_equal(first["src_ids"], lcr.Stream("copy", 0, 64, every)(0)["src_ids"])
+    batch = stream(0)
+    assert stream.redrawn > 0 and (batch["src_mask"].sum(-1) > 5).all()
+    np.testing.assert_array_equal(batch["src_ids"], lcr.Stream("copy", 0, 64, every)(0)["src_ids"])
 
 
 def test_the_encoder_decoder_starts_learning_to_reverse():
