@@ -20,10 +20,11 @@ x 256, causal LM loss, no padding (the loop packs text into full windows); BERT-
 the real tokens, at most ``TrainConfig.max_predictions`` per row, where the MLM head runs). Dropout
 is 0 on both sides so that the work is the same; every candidate trains on the very same numpy
 batch at every step. Before anything is timed each candidate makes one step from the same weights
-and their losses must agree to 1e-5 (relative), or the script stops: the timings then compare equal
-work. After the timed rounds every candidate has made the same number of steps, and the largest
-relative difference of their losses at each step is recorded (DESIGN.md allows 1e-5 over 10 steps,
-1e-4 over 100).
+and their losses must agree to 1e-5 (relative; in ``--dtype bfloat16``, where torch_ref trains
+under autocast, to the measured bfloat16 bound of ``LOSS_RTOL``), or the script stops: the timings
+then compare equal work. After the timed rounds every candidate has made the same number of
+steps, and the largest relative difference of their losses at each step is recorded (DESIGN.md
+allows 1e-5 over 10 steps, 1e-4 over 100).
 
 Reported per case (on top of the harness's medians, tokens/s, model FLOP/s, MFU over the measured
 matmul peak): compile time (jaxformer: ``lower`` + ``compile`` of the step, timed before its
@@ -70,7 +71,10 @@ VARIANTS = {
     "remat-dots": dict(remat="dots_saveable"),
     "precision-default": dict(precision="default"),
 }
-LOSS_RTOL = 1e-5  # one step from the same weights (DESIGN.md, optimizer steps)
+# One step from the same weights: DESIGN.md's 1e-5 in float32; in bfloat16 (torch_ref under
+# autocast) the JAX-vs-autocast loss bound of parity_tests/models/test_autocast.py, the sum of the
+# two frameworks' own measured bfloat16 errors (BERT's, the larger family's).
+LOSS_RTOL = {"float32": 1e-5, "bfloat16": 5.3e-3}
 
 
 def make_batch(family: str, cfg, tc, seed: int) -> tuple[dict, int | None]:
@@ -148,7 +152,8 @@ def bench_workload(name, args, bench):
     cls = jconfig.BertConfig if family == "bert" else jconfig.GPTConfig
     cfg = dataclasses.replace(getattr(cls, spec["preset"])(), dropout_rate=0.0,
                               attention_dropout_rate=0.0,
-                              attention_implementation=args.attention_implementation)
+                              attention_implementation=args.attention_implementation,
+                              dtype=args.dtype)
     # A constant, small learning rate: the weights move every step, but not towards NaN or
     # denormals (which would change the work).
     tc = TrainConfig(steps=100_000, batch_size=B, seq_len=T, learning_rate=1e-5,
@@ -210,8 +215,9 @@ def bench_workload(name, args, bench):
     ref = first[baseline]
     diffs = {k: abs(v - ref) / abs(ref) for k, v in first.items()}
     print(f"{name}: first-step losses " + ", ".join(f"{k} {v:.7f}" for k, v in first.items()))
-    if max(diffs.values()) > LOSS_RTOL:
-        raise SystemExit(f"{name}: the first-step losses differ by more than {LOSS_RTOL} "
+    rtol = LOSS_RTOL[args.dtype]
+    if max(diffs.values()) > rtol:
+        raise SystemExit(f"{name}: the first-step losses differ by more than {rtol} "
                          f"(relative): {first}; the candidates do not compute the same update")
 
     if args.profile:
@@ -298,9 +304,6 @@ def parse_args(argv=None):
     for v in args.jax_variants:
         if v not in VARIANTS:
             p.error(f"unknown jax variant {v!r}; choose from {', '.join(VARIANTS)}")
-    if args.dtype != "float32":
-        p.error("--dtype: the training step is benchmarked in float32 only (torch_ref has no "
-                "mixed-precision step to compare with)")
     if args.quick:
         args.repeats, args.warmup = min(args.repeats, 2), min(args.warmup, 1)
         args.peak_size, args.peak_repeats = args.peak_size or 256, min(args.peak_repeats, 2)
@@ -317,7 +320,7 @@ def main(argv=None):
     bench.footnote = ("Candidates: jaxformer.training.step.TrainStep (one jitted update, buffers "
                       "donated); torch_ref.training.step.TrainStep on the eager and on the "
                       "compiled model. Dropout 0, the same weights and batch; first-step losses "
-                      f"equal to {LOSS_RTOL} (checked). jaxformer attention: "
+                      f"equal to {LOSS_RTOL[args.dtype]} (checked). jaxformer attention: "
                       f"`{args.attention_implementation}`.")
     rc = 1
     for name in args.models:
