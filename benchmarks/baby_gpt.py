@@ -104,6 +104,8 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from jaxformer.training.loop import save_figure
+
     fig, ax = plt.subplots(figsize=(8, 5))
     styles = {"jax": ("tab:blue", "o-"), "torch": ("tab:orange", "x--")}  # equal curves overlap
     for framework, run in report["runs"].items():
@@ -124,11 +126,7 @@ def plot(report: dict, path: Path) -> None:
                  f"cores), {env['date_utc'][:10]}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> int:

@@ -116,6 +116,8 @@ def plot(report: dict, path: Path, window: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from jaxformer.training.loop import save_figure
+
     fig, (ax, dax) = plt.subplots(2, 1, figsize=(8, 7), sharex=True,
                                   gridspec_kw={"height_ratios": [2, 1]})
     colors = {"float32": "tab:blue", "bfloat16": "tab:orange", "bfloat16-pure": "tab:green"}
@@ -145,11 +147,7 @@ def plot(report: dict, path: Path, window: int) -> None:
     for a in (ax, dax):
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> int:

@@ -104,13 +104,9 @@ def write_json(path: Path, obj) -> None:
 
 
 def save_figure(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
+    from jaxformer.training.loop import save_figure
 
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    fig.tight_layout()
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path)
 
 
 def pyplot():

@@ -363,6 +363,13 @@ def plot_losses(records: list[dict], path: Path, title: str) -> None:
     bottom.set_ylabel("learning rate")
     bottom.set_xlabel("step")
     bottom.grid(alpha=0.3)
+    save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> None:
+    """A matplotlib figure as a PNG, atomically (a temporary file renamed into place), closed."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
     fig.savefig(tmp, dpi=100)
