@@ -1,8 +1,8 @@
 """Does the encoder-decoder learn? The Annotated Transformer's check: copy, and reverse, random
 token sequences, with jaxformer's ``Transformer`` trained by ``TrainStep`` (JAX).
 
-    python benchmarks/learn_copy_reverse.py            # both tasks (13 min on 2 cores that
-                                                       # other work kept 90% busy)
+    python benchmarks/learn_copy_reverse.py            # both tasks (2 minutes on a quiet
+                                                       # 2-core CPU)
     python benchmarks/learn_copy_reverse.py --steps 5  # smoke test
 
 The data (``jaxformer.training.tasks``): sequences of 4 to 12 symbols drawn uniformly from 10
@@ -17,7 +17,8 @@ end token right) with teacher forcing (the argmax at each position, given the tr
 with greedy decoding through ``jaxformer.generation.generate`` (the model's own prefix, KV cache),
 which is the stricter of the two; the goal is >= 99% for both tasks. The model: 2 + 2 layers,
 width 64, 4 heads, FFN 128, no dropout (168k parameters); AdamW at 2e-3, cosine, batch 64.
-Both tasks pass 99% by step 720 of 1200 (``results/learn_copy_reverse.json``).
+Copy passes 99% by step 480 and reverse by step 840 of 1200; both end at 100% (teacher forced
+and greedy; ``results/learn_copy_reverse.json``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jaxformer.config import DTYPES, PARAM_DTYPES
+from jaxformer.config import DTYPES, PARAM_DTYPES, REMAT_POLICIES
 from jaxformer.training.config import (
     FAMILIES,
     GPT_WINDOWS,
@@ -67,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--param-dtype", choices=PARAM_DTYPES,
                      help="parameter storage dtype (default float32); bfloat16 with --dtype "
                           "bfloat16 is pure bfloat16, optimizer moments included")
+    run.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=None,
+                     help="stack the layers' parameters and run them with one scan: compile "
+                          "time flat in depth, same results (default: unrolled)")
+    run.add_argument("--remat", choices=REMAT_POLICIES,
+                     help="recompute each block's activations in the backward pass with this "
+                          "policy (default none; docs/scale.md)")
     run.add_argument("--compile", action="store_true",
                      help="with --framework torch: run the model through torch.compile")
     run.add_argument("--mesh", metavar="AXIS=N,...",
@@ -173,7 +179,8 @@ def run(args) -> int:
         options = loop.RunOptions(
             family=args.family, data=args.data, preset=args.preset, framework=args.framework,
             tokenizer=args.tokenizer, vocab_size=args.vocab_size, dropout=args.dropout,
-            dtype=args.dtype, param_dtype=args.param_dtype,
+            dtype=args.dtype, param_dtype=args.param_dtype, scan_layers=args.scan_layers,
+            remat=args.remat,
             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
             keep=args.keep, resume=args.resume, metrics=args.metrics, plot=args.plot,
             eval_every=args.eval_every, eval_batches=args.eval_batches,

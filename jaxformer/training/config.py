@@ -142,10 +142,12 @@ def _family_class(family: str):
 def model_config(family: str, preset: str, *, vocab_size: int | None = None,
                  pad_id: int | None = None, num_labels: int | None = None,
                  dropout: float | None = None, dtype: str | None = None,
-                 param_dtype: str | None = None):
+                 param_dtype: str | None = None, scan_layers: bool | None = None,
+                 remat: str | None = None):
     """``family``'s model config from ``preset``, sized to the tokenizer's vocabulary and pad id,
-    with ``dropout`` (when given) replacing every dropout rate of the preset, and ``dtype`` /
-    ``param_dtype`` (when given) its compute and parameter dtypes (the config checks them)."""
+    with ``dropout`` (when given) replacing every dropout rate of the preset, and ``dtype``,
+    ``param_dtype``, ``scan_layers`` and ``remat`` (when given) replacing the preset's (the
+    config checks them)."""
     cls = _family_class(family)
     name = PRESET_ALIASES.get(preset, {}).get(family, preset)
     if name not in preset_names(family):
@@ -167,7 +169,8 @@ def model_config(family: str, preset: str, *, vocab_size: int | None = None,
             changes.update(pad_token_id=pad_id)
     if num_labels is not None:
         changes.update(num_labels=num_labels)
-    for name, value in (("dtype", dtype), ("param_dtype", param_dtype)):
+    for name, value in (("dtype", dtype), ("param_dtype", param_dtype),
+                        ("scan_layers", scan_layers), ("remat", remat)):
         if value is not None:
             changes[name] = value
     return dataclasses.replace(config, **changes)

@@ -55,6 +55,8 @@ class RunOptions:
     dropout: float | None = None
     dtype: str | None = None  # compute dtype (default: the preset's, float32)
     param_dtype: str | None = None  # parameter storage dtype (default: the preset's)
+    scan_layers: bool | None = None  # scanned layer stacks (default: the preset's, unrolled)
+    remat: str | None = None  # rematerialisation policy of each block (default: none)
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     keep: int = 3
@@ -199,7 +201,8 @@ def prepare(config: TrainConfig, options: RunOptions):
     model_cfg = model_config(options.family, options.preset,
                              vocab_size=tokenizer.get_vocab_size(), pad_id=specials.get("[PAD]"),
                              num_labels=train_set.num_labels, dropout=options.dropout,
-                             dtype=options.dtype, param_dtype=options.param_dtype)
+                             dtype=options.dtype, param_dtype=options.param_dtype,
+                             scan_layers=options.scan_layers, remat=options.remat)
     if config.seq_len > model_cfg.max_position_embeddings:
         raise ValueError(f"seq_len ({config.seq_len}) exceeds the {options.preset} preset's "
                          f"max_position_embeddings ({model_cfg.max_position_embeddings})")

@@ -233,3 +233,23 @@ def test_help_explains_every_flag(capsys):
         assert re.search(rf"^\s+{flag}\b.*\n?.*\w", text, re.M), flag
     for family in ("gpt", "bert", "transformer", "classifier"):
         assert re.search(rf"^\s+{family}\s+\w", text, re.M)  # what each family makes of FILE
+
+
+def test_scanned_rematerialised_run_matches_the_torch_twin(tmp_path):
+    """``--scan-layers --remat full``: recorded in the run identity, and the JAX run (one scan,
+    recomputed blocks) follows the torch twin (per-layer blocks under torch.utils.checkpoint)
+    from the same initial weights."""
+    data = write_corpus(tmp_path / "corpus.txt")
+    common = ["--family", "gpt", "--data", data, "--steps", 4, "--dropout", 0, "--seq-len", 16,
+              "--batch-size", 4, "--warmup", 1, "--scan-layers", "--remat", "full",
+              "--progress", "none"]
+    assert train(*common, "--checkpoint-dir", tmp_path / "jax") == 0
+    assert train(*common, "--checkpoint-dir", tmp_path / "torch", "--framework", "torch") == 0
+    identity = json.loads((tmp_path / "jax" / "run.json").read_text())["identity"]
+    assert identity["model_config"]["scan_layers"] is True
+    assert identity["model_config"]["remat"] == "full"
+    jax_loss, torch_loss = (
+        [json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").open()]
+        for name in ("jax", "torch"))
+    assert len(jax_loss) == 4
+    np.testing.assert_allclose(jax_loss, torch_loss, rtol=1e-5)
