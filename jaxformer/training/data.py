@@ -101,15 +101,11 @@ def load_tokenizer(path):
     return Tokenizer.from_file(str(path))
 
 
-def is_char_tokenizer(tokenizer) -> bool:
-    """Whether every token is one character (``vocab.char_tokenizer``): its gpt stream is the
-    raw text, with no ``[SEP]``."""
-    return all(len(token) == 1 for token in tokenizer.get_vocab())
-
-
 def special_ids(tokenizer, family: str) -> dict[str, int]:
     """The ids of the special tokens ``family`` needs; a clear error if the tokenizer lacks any.
-    gpt needs none with a character tokenizer."""
+    gpt needs none with a character tokenizer (its stream is the raw text, with no ``[SEP]``)."""
+    from jaxformer.training.vocab import is_char_tokenizer  # vocab imports this module
+
     if family == "gpt" and is_char_tokenizer(tokenizer):
         return {}
     ids = {name: tokenizer.token_to_id(name) for name in SPECIAL_TOKENS}
@@ -241,10 +237,10 @@ def _lines(text: str) -> list[str]:
 
 
 def _gpt(text, tokenizer, config, specials, eval_fraction):
+    from jaxformer.training.vocab import encode_chars, is_char_tokenizer  # vocab imports data
+
     T = config.seq_len
     if is_char_tokenizer(tokenizer):
-        from jaxformer.training.vocab import encode_chars  # vocab imports this module
-
         stream = encode_chars(tokenizer, text)
     else:
         stream = np.concatenate([np.append(ids, specials["[SEP]"])
