@@ -202,11 +202,8 @@ def pretrain(args, train_plays, val_plays, work: Path) -> dict:
     from jaxformer.training import data
     from jaxformer.training.checkpoint import Checkpointer
     from jaxformer.training.step import TrainStep, build_model
+    from jaxformer.training.vocab import wordpiece_tokenizer
 
-    try:
-        from jaxformer.training.vocab import wordpiece_tokenizer
-    except ImportError:  # before the vocabulary builders moved out of data
-        wordpiece_tokenizer = data.train_tokenizer
     train_text, val_text = bert_text(train_plays), bert_text(val_plays)
     tokenizer = wordpiece_tokenizer(train_text.splitlines(), args.vocab_size)
     model_cfg, config, _ = configs(args, tokenizer.get_vocab_size())

@@ -85,14 +85,6 @@ def file_sha256(path) -> str:
 
 # ------------------------------------------------------------------------------- tokenizers
 
-def train_tokenizer(lines, vocab_size: int):
-    """The WordPiece builder, :func:`jaxformer.training.vocab.wordpiece_tokenizer` (kept under
-    this name for existing callers)."""
-    from jaxformer.training import vocab  # vocab imports this module
-
-    return vocab.wordpiece_tokenizer(lines, vocab_size)
-
-
 def load_tokenizer(path):
     from tokenizers import Tokenizer
 

@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 
-from jaxformer.training import data
+from jaxformer.training import data, vocab
 from jaxformer.training.config import IGNORE_INDEX, TrainConfig, TrainConfigError
 from parity_tests.training.test_trajectory import twin_steps
 
@@ -37,7 +37,7 @@ def corpus(sentences=300, per_document=10, seed=0) -> str:
 @pytest.fixture(scope="module")
 def setup():
     text = corpus()
-    tokenizer = data.train_tokenizer(text.splitlines(), 60)
+    tokenizer = vocab.wordpiece_tokenizer(text.splitlines(), 60)
     config = TrainConfig(batch_size=500, seq_len=40, max_predictions=5, seed=7)
     dataset, _ = data.build_datasets("bert", text, tokenizer, config)
     batches = [dataset.micro_batch(p) for p in range(4)]  # 2000 examples

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxformer.training import data
+from jaxformer.training import data, vocab
 from jaxformer.training.checkpoint import Checkpointer
 from jaxformer.training.config import TrainConfig, model_config
 from jaxformer.training.step import TrainStep, build_model
@@ -27,7 +27,7 @@ LINES = [f"the {w} sat on the mat near tree {i % 5}" for i, w in
 
 @pytest.fixture(scope="module")
 def setup():
-    tokenizer = data.train_tokenizer(LINES, 60)
+    tokenizer = vocab.wordpiece_tokenizer(LINES, 60)
     dataset, _ = data.build_datasets("gpt", "\n".join(LINES), tokenizer, CONFIG)
     model_cfg = model_config("gpt", "tiny", vocab_size=tokenizer.get_vocab_size(), dropout=0.2)
     return dataset, model_cfg

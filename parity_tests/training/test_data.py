@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxformer.training import data
+from jaxformer.training import data, vocab
 from jaxformer.training.config import IGNORE_INDEX, TrainConfig, model_config
 
 CONFIG = TrainConfig(batch_size=4, seq_len=16, seed=3)
@@ -24,19 +24,19 @@ def text(lines=40, tabs=None, seed=0):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return data.train_tokenizer(text(60).splitlines(), 80)
+    return vocab.wordpiece_tokenizer(text(60).splitlines(), 80)
 
 
 def test_tokenizer_is_deterministic_with_the_special_tokens_first(tokenizer):
     assert [tokenizer.token_to_id(t) for t in data.SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
     assert tokenizer.get_vocab_size() <= 80
     # tokenizers' own WordPiece trainer breaks ties in hash-map order; this one must not
-    again = [data.train_tokenizer(text(60).splitlines(), 80).to_str() for _ in range(3)]
+    again = [vocab.wordpiece_tokenizer(text(60).splitlines(), 80).to_str() for _ in range(3)]
     assert set(again) == {tokenizer.to_str()}
     encoded = tokenizer.encode("The big cat, quite unknown!", add_special_tokens=False)
     assert encoded.tokens[:3] == ["the", "big", "cat"] and "[UNK]" in encoded.tokens
     # 5 specials + a, b, ##a, ##b: past the size asked for, and no room for words
-    few = data.train_tokenizer(["ab", "ba ab"], 8)
+    few = vocab.wordpiece_tokenizer(["ab", "ba ab"], 8)
     assert few.get_vocab_size() == 9 and few.encode("ab").tokens == ["a", "##b"]
 
 

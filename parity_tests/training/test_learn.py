@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from jaxformer.training import data
+from jaxformer.training import data, vocab
 from jaxformer.training.config import TrainConfig
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -116,7 +116,7 @@ def test_the_encoder_decoder_starts_learning_to_reverse():
 
 def test_learn_bert_pretraining_examples_from_plays():
     text = learn_bert.bert_text({"one": PLAY * 3, "two": PLAY})
-    tokenizer = data.train_tokenizer(text.splitlines(), 60)
+    tokenizer = vocab.wordpiece_tokenizer(text.splitlines(), 60)
     config = TrainConfig(batch_size=6, seq_len=16, max_predictions=3)
     dataset, _ = data.build_datasets("bert", text, tokenizer, config)
     batch = dataset.micro_batch(0)

@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from jaxformer.checkpoints import convert
-from jaxformer.training import data
+from jaxformer.training import data, vocab
 from jaxformer.training.config import TrainConfig, model_config
 from jaxformer.training.step import MODELS, TrainStep
 from torch_ref.training.step import TrainStep as TorchTrainStep
@@ -48,7 +48,7 @@ def corpus(family: str, lines: int = 80) -> str:
 def twin_steps(family: str, config: TrainConfig, seed: int = 0):
     """The JAX and torch steps of ``family`` from identical weights, and the training data."""
     text = corpus(family)
-    tokenizer = data.train_tokenizer(text.splitlines(), 120)
+    tokenizer = vocab.wordpiece_tokenizer(text.splitlines(), 120)
     dataset, _ = data.build_datasets(family, text, tokenizer, config)
     model_cfg = model_config(family, "tiny", vocab_size=tokenizer.get_vocab_size(), pad_id=0,
                              num_labels=dataset.num_labels, dropout=0.0)
@@ -106,7 +106,7 @@ def test_accumulation_equals_one_big_batch():
     whole = TrainConfig(batch_size=8, **common)
     split = TrainConfig(batch_size=8, accumulation_steps=2, **common)
     text = corpus("classifier")
-    tokenizer = data.train_tokenizer(text.splitlines(), 120)
+    tokenizer = vocab.wordpiece_tokenizer(text.splitlines(), 120)
     dataset, _ = data.build_datasets("classifier", text, tokenizer, split)
     model_cfg = model_config("classifier", "tiny", vocab_size=tokenizer.get_vocab_size(),
                              num_labels=dataset.num_labels, dropout=0.0)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from jaxformer.training import data, vocab
+from jaxformer.training import vocab
 from jaxformer.training.data import SPECIAL_TOKENS, DataError
 
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
@@ -70,10 +70,9 @@ def test_bpe_is_byte_level_deterministic_and_round_trips():
         vocab.bpe_tokenizer(lines, 100)
 
 
-def test_wordpiece_is_the_data_modules_builder():
+def test_wordpiece_reserves_the_special_ids():
     lines = TEXT.splitlines()
     tokenizer = vocab.wordpiece_tokenizer(lines, 60)
-    assert data.train_tokenizer(lines, 60).to_str() == tokenizer.to_str()
     assert [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
 
 
