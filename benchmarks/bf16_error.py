@@ -91,7 +91,7 @@ def main(argv=None) -> int:
         print(f"{key:24s}" + "".join(f"{row[c]['min']:15.2e} .. {row[c]['max']:.2e}"
                                      for c in COLUMNS))
     result = {"command": " ".join([sys.executable, *sys.argv]),
-              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
               "machine": {"platform": platform.platform(), "processor": platform.processor(),
                           "cpus": os.cpu_count(), "loadavg_before": load_before,
                           "loadavg_after": os.getloadavg()},

@@ -207,7 +207,7 @@ def environment(args, jax, torch, jdev, tdev) -> dict:
     import numpy as np
     versions = {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
                 "torch": torch.__version__ if torch else None, "numpy": np.__version__}
-    env = {"date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    env = {"date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
            "host": platform.node(), "machine": platform.machine(), "os": platform.platform(),
            "python": platform.python_version(), "versions": versions,
            "device": args.device, "dtype": args.dtype, "jax_device": str(jdev),
@@ -368,7 +368,7 @@ class Bench:
                 "loadavg_after": after, "foreign_cores_during_timing": cores,
                 "foreign_cores_before": quiet, "timing_attempts": attempt + 1,
                 "timing_attempt_kept": kept,
-                "measured_at_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+                "measured_at_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
         if peaks:  # again after: on a shared machine one measurement can land in a busy moment
             peaks.append(self.peak())
             p = {**peaks[0], "after": peaks[1]}

@@ -114,7 +114,7 @@ def play_task(plays: dict[str, str], seed: int) -> tuple[str, str]:
     for name in TASK_PLAYS:
         rows = [s for s in speeches(plays[name]) if len(s.split()) >= MIN_WORDS]
         order = rng.permutation(len(rows))
-        cut = int(round(len(rows) * TASK_HELD_OUT))
+        cut = round(len(rows) * TASK_HELD_OUT)
         splits["held_out"].append([f"{name}\t{rows[i]}" for i in order[:cut]])
         splits["train"].append([f"{name}\t{rows[i]}" for i in order[cut:]])
     out = []

@@ -53,7 +53,7 @@ class Run:
 
         self._load.__exit__(None, None, None)
         return {"command": self.command,
-                "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                 "wall_s": round(time.perf_counter() - self.started, 1),
                 "machine": {"host": platform.node(), "cpu": harness.cpu_description()[0],
                             "cpu_count": os.cpu_count(), "jax_device": str(jax.devices()[0]),

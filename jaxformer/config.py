@@ -48,7 +48,7 @@ def _check_types(config) -> None:
         allowed = _TYPES.get(str(field.type))
         if allowed is None:
             continue
-        if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
+        if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
             raise TypeError(f"{name}: {field.name} must be {field.type}, got "
                             f"{type(value).__name__} {value!r}")
 

@@ -15,13 +15,13 @@ import time
 
 os.environ["JAX_NUM_CPU_DEVICES"] = "8"
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
+import jax
+import numpy as np
+from flax import nnx
 
-from jaxformer import sharding  # noqa: E402
-from jaxformer.generation import generate  # noqa: E402
-from jaxformer.training.checkpoint import Checkpointer  # noqa: E402
+from jaxformer import sharding
+from jaxformer.generation import generate
+from jaxformer.training.checkpoint import Checkpointer
 
 STEPS = 20
 MESHES = ("data=8", "fsdp=8", "data=2,tensor=4", "data=2,fsdp=2,tensor=2")

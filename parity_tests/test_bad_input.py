@@ -50,7 +50,8 @@ def good_ids():
 def test_good_input_runs(models, framework):
     _, mlm, nsp = call(models, framework, good_ids(), np.zeros((B, T), np.int64),
                        np.ones((B, T), np.int64), np.zeros((B, 3), np.int64))
-    assert tuple(mlm.shape) == (B, 3, TINY.vocab_size) and tuple(nsp.shape) == (B, 2)
+    assert tuple(mlm.shape) == (B, 3, TINY.vocab_size)
+    assert tuple(nsp.shape) == (B, 2)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -144,7 +145,7 @@ def test_shape_errors_are_raised_under_jit(models):
 # configuration
 
 
-@pytest.mark.parametrize("hidden_size, num_heads", [(30, 4), (32, 5), (768, 7)])
+@pytest.mark.parametrize(("hidden_size", "num_heads"), [(30, 4), (32, 5), (768, 7)])
 def test_hidden_size_not_divisible_by_heads(hidden_size, num_heads):
     with pytest.raises(ValueError, match=rf"hidden_size \({hidden_size}\) is not divisible by "
                                          rf"num_heads \({num_heads}\)"):
@@ -159,7 +160,7 @@ def test_bad_activation_name(activation):
         dataclasses.replace(TINY, activation=activation)
 
 
-@pytest.mark.parametrize("field, value, message", [
+@pytest.mark.parametrize(("field", "value", "message"), [
     ("num_layers", 0, "num_layers must be positive"),
     ("num_heads", 0, "num_heads must be positive"),
     ("vocab_size", 0, "vocab_size must be positive"),
@@ -184,7 +185,7 @@ def test_config_is_frozen_and_hashable():
 
 
 @pytest.mark.parametrize("cls", [BertConfig, GPTConfig, TransformerConfig])
-@pytest.mark.parametrize("field, value, expected", [
+@pytest.mark.parametrize(("field", "value", "expected"), [
     ("hidden_size", 32.0, "int"), ("num_heads", "4", "int"), ("num_heads", True, "int"),
     ("layer_norm_eps", "1e-5", "float"), ("dropout_rate", None, "float"),
     ("activation", 3, "str"), ("attention_implementation", None, "str"),
@@ -225,7 +226,7 @@ def test_non_integer_ids_name_the_argument(models, framework, argument, dtype):
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-@pytest.mark.parametrize("src_len, tgt_len, name", [(0, 3, "src_ids"), (3, 0, "tgt_ids")])
+@pytest.mark.parametrize(("src_len", "tgt_len", "name"), [(0, 3, "src_ids"), (3, 0, "tgt_ids")])
 def test_encoder_decoder_empty_sequences_are_refused(framework, src_len, tgt_len, name):
     """An empty source used to give finite logits from a decoder that attended to nothing."""
     from jaxformer.models import encoder_decoder as jed

@@ -155,7 +155,7 @@ def test_skip_marker_is_read(tmp_path):
     assert (second.skip, second.code) == (None, "y = x")
 
 
-@pytest.mark.parametrize("code, fails", [
+@pytest.mark.parametrize(("code", "fails"), [
     ("import warnings\nwarnings.warn('old path', DeprecationWarning)", True),
     ("import warnings\nwarnings.warn('jaxformer.bert moved to jaxformer.models.bert', "
      "DeprecationWarning, stacklevel=99)", True),

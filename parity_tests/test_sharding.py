@@ -50,7 +50,7 @@ def test_parse_mesh():
     assert sharding.parse_mesh({"fsdp": -1}) == {"data": 1, "fsdp": -1, "tensor": 1}
 
 
-@pytest.mark.parametrize("spec, message", [
+@pytest.mark.parametrize(("spec", "message"), [
     ("data=2,model=4", "unknown axis 'model'"),
     ("data=2,data=4", "axis 'data' is given twice"),
     ("data:2", "cannot read 'data:2'"),
@@ -89,7 +89,7 @@ def test_rules_megatron_and_fsdp():
         sharding.logical_spec(("embed", "mlp"), (4,), mesh)
 
 
-@pytest.mark.parametrize("cls, config", [(GPT, GPTConfig.tiny()),
+@pytest.mark.parametrize(("cls", "config"), [(GPT, GPTConfig.tiny()),
                                          (BertForPreTraining, BertConfig.tiny()),
                                          (Transformer, TransformerConfig.tiny())])
 def test_every_parameter_is_named_at_creation(cls, config):
@@ -130,7 +130,8 @@ def eight_devices() -> dict:
                                   "data=2,fsdp=2,tensor=2"])
 def test_sharded_losses_equal_one_device(eight_devices, mesh):
     reference = eight_devices["losses"]["none"]
-    assert len(reference) == 20 and reference[-1] < reference[0] - 0.5  # it learns
+    assert len(reference) == 20
+    assert reference[-1] < reference[0] - 0.5
     assert rel_diff(reference, eight_devices["losses"][mesh]) <= LOSS_RTOL
 
 
@@ -140,28 +141,38 @@ def test_placements_follow_the_rules(eight_devices):
     assert all(v == [None] * len(v) for k, v in placed["data=8"].items() if k != "devices")
     # FSDP: weights and optimizer moments split along their "embed" axis.
     fsdp = placed["fsdp=8"]
-    assert fsdp["fc1"] == ["fsdp", None] and fsdp["fc2"] == [None, "fsdp"]
-    assert fsdp["embedding"] == [None, "fsdp"] and fsdp["embedding_mu"] == [None, "fsdp"]
+    assert fsdp["fc1"] == ["fsdp", None]
+    assert fsdp["fc2"] == [None, "fsdp"]
+    assert fsdp["embedding"] == [None, "fsdp"]
+    assert fsdp["embedding_mu"] == [None, "fsdp"]
     assert fsdp["fc1_mu"] == fsdp["fc1"]
     # Megatron: fc1 and query column-parallel, fc2 and the output row-parallel, vocab split.
     tp = placed["data=2,tensor=4"]
-    assert tp["fc1"] == [None, "tensor"] and tp["fc1_bias"] == ["tensor"]
-    assert tp["query"] == [None, "tensor"] and tp["output"] == ["tensor", None]
-    assert tp["fc2"] == ["tensor", None] and tp["embedding"] == ["tensor", None]
+    assert tp["fc1"] == [None, "tensor"]
+    assert tp["fc1_bias"] == ["tensor"]
+    assert tp["query"] == [None, "tensor"]
+    assert tp["output"] == ["tensor", None]
+    assert tp["fc2"] == ["tensor", None]
+    assert tp["embedding"] == ["tensor", None]
     mix = placed["data=2,fsdp=2,tensor=2"]
-    assert mix["fc1"] == ["fsdp", "tensor"] and mix["fc2"] == ["tensor", "fsdp"]
+    assert mix["fc1"] == ["fsdp", "tensor"]
+    assert mix["fc2"] == ["tensor", "fsdp"]
     assert mix["embedding"] == ["tensor", "fsdp"] == mix["embedding_mu"]
-    assert mix["fc1_mu"] == mix["fc1"] and mix["norm"] == [None]
+    assert mix["fc1_mu"] == mix["fc1"]
+    assert mix["norm"] == [None]
     assert all(p["devices"] == 8 for p in placed.values())
 
 
 def test_checkpoint_restores_across_meshes(eight_devices):
     """Saved under data=2,fsdp=2,tensor=2; restored under fsdp=8 and onto one device."""
     restored = eight_devices["checkpoint"]
-    assert restored["fsdp=8"]["fc1"] == ["fsdp", None] and restored["fsdp=8"]["fc1_devices"] == 8
-    assert restored["none"]["fc1"] is None and restored["none"]["fc1_devices"] == 1
+    assert restored["fsdp=8"]["fc1"] == ["fsdp", None]
+    assert restored["fsdp=8"]["fc1_devices"] == 8
+    assert restored["none"]["fc1"] is None
+    assert restored["none"]["fc1_devices"] == 1
     for target in restored.values():
-        assert target["step"] == 20 and target["params_equal"]
+        assert target["step"] == 20
+        assert target["params_equal"]
         assert target["eval_diff"] <= LOSS_RTOL
 
 

@@ -82,7 +82,7 @@ class TrainConfig:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             allowed = _TYPES[str(field.type)]
-            if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
+            if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
                 raise TrainConfigError(f"TrainConfig: {field.name} must be {field.type}, got "
                                        f"{type(value).__name__} {value!r}")
             if isinstance(value, float) and not math.isfinite(value):

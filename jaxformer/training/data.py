@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -196,7 +197,7 @@ def _pad(rows: list[np.ndarray], length: int, value: int) -> np.ndarray:
 
 def _split(n: int, eval_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """Indices of the training and held-out examples (the file's tail is held out)."""
-    n_eval = 0 if eval_fraction <= 0 else max(1, int(round(n * eval_fraction)))
+    n_eval = 0 if eval_fraction <= 0 else max(1, round(n * eval_fraction))
     if n_eval and n - n_eval < 1:
         raise DataError(f"the data yields {n} example(s): too few to hold some out for "
                         f"evaluation (--eval-every); give a longer file or no evaluation")
@@ -317,7 +318,7 @@ def _transformer(text, tokenizer, config, specials, eval_fraction):
                             f"non-empty line {bad[0]} has no tab")
         pairs = [line.split("\t", 1) for line in lines]
     else:
-        pairs = list(zip(lines[:-1], lines[1:]))
+        pairs = list(itertools.pairwise(lines))
     if not pairs:
         raise DataError("the data file is too short: transformer training needs at least one "
                         "SOURCE<TAB>TARGET line or two lines")

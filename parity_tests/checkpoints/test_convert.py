@@ -145,7 +145,8 @@ def test_torch_loads_nnx_weights_strictly_and_agrees(name, config_name):
     state = convert.nnx_to_torch(jax_model)
     result = torch_model.load_state_dict({k: torch.tensor(v) for k, v in state.items()},
                                          strict=True)
-    assert not result.missing_keys and not result.unexpected_keys
+    assert not result.missing_keys
+    assert not result.unexpected_keys
     assert_state_equal(state, torch_state(torch_model))
     rng = np.random.RandomState(3)
     input_ids = rng.randint(0, config.vocab_size, (3, 7))

@@ -111,20 +111,21 @@ def assert_same_outputs(expected, actual, mask, what: str):
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-@pytest.mark.parametrize("arch,tied", [*((a, True) for a in BERT_ARCHS),
+@pytest.mark.parametrize(("arch", "tied"), [*((a, True) for a in BERT_ARCHS),
                                        ("BertForMaskedLM", False)])
 def test_bert_import_matches_transformers(arch, tied, framework, tmp_path):
     model = hf_model(arch, hf_bert_config(tie_word_embeddings=tied))
     model.save_pretrained(tmp_path)
     ours = hf.from_pretrained(tmp_path, framework)
-    assert type(ours).__name__ == arch and not (getattr(ours, "training", False))
+    assert type(ours).__name__ == arch
+    assert not (getattr(ours, "training", False))
     args = inputs(99)
     assert_same_outputs(hf_outputs(model, arch, *args), our_outputs(ours, arch, *args), args[2],
                         f"{arch} tied={tied} ({framework})")
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-@pytest.mark.parametrize("arch,tied", [("GPT2Model", True), ("GPT2LMHeadModel", True),
+@pytest.mark.parametrize(("arch", "tied"), [("GPT2Model", True), ("GPT2LMHeadModel", True),
                                        ("GPT2LMHeadModel", False)])
 def test_gpt2_import_matches_transformers(arch, tied, framework, tmp_path):
     model = hf_model(arch, hf_gpt2_config(tie_word_embeddings=tied))
@@ -260,7 +261,7 @@ def our_twins(name: str, config, seed: int = 0):
 
 @pytest.mark.usefixtures("scan_layers")
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-@pytest.mark.parametrize("name,config,arch", EXPORTS,
+@pytest.mark.parametrize(("name", "config", "arch"), EXPORTS,
                          ids=[f"{n}-{a}-{i}" for i, (n, _, a) in enumerate(EXPORTS)])
 def test_export_loads_in_transformers(name, config, arch, framework, tmp_path):
     torch_model, jax_model = our_twins(name, config)
@@ -341,11 +342,13 @@ def test_embed_cli_prints_similarity_table(minilm_dir, tmp_path, capsys):
     args = parser.parse_args(["--model", str(tmp_path), SENTENCES[0], SENTENCES[1], "Hi!"])
     assert embed.run(args) == 0
     out = capsys.readouterr().out
-    assert "cosine similarity" in out and "[2] Hi!" in out
+    assert "cosine similarity" in out
+    assert "[2] Hi!" in out
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("[")][-3:]
     assert [row[i + 1] for i, row in enumerate(rows)] == ["1.000"] * 3
     args = parser.parse_args(["--model", str(tmp_path / "missing"), "x"])
-    assert embed.run(args) == 1 and "is not a directory" in capsys.readouterr().err
+    assert embed.run(args) == 1
+    assert "is not a directory" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,7 +437,7 @@ def test_keys_and_shapes_that_do_not_fit(tmp_path, saved_bert):
         hf.from_pretrained(untied)
 
 
-@pytest.mark.parametrize("overrides,match", [
+@pytest.mark.parametrize(("overrides", "match"), [
     ({"architectures": ["RobertaModel"]}, "architecture 'RobertaModel' is not supported"),
     ({"architectures": ["BertModel", "BertForMaskedLM"]}, "names 2 architectures"),
     ({"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
@@ -450,7 +453,7 @@ def test_unsupported_bert_config(tmp_path, saved_bert, overrides, match):
         hf.from_pretrained(path)
 
 
-@pytest.mark.parametrize("overrides,match", [
+@pytest.mark.parametrize(("overrides", "match"), [
     ({"scale_attn_weights": False}, "scale_attn_weights=False"),
     ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True"),
     ({"add_cross_attention": True}, "add_cross_attention=True"),
@@ -479,7 +482,8 @@ def test_export_refuses_to_overwrite_and_writes_nothing_on_error(tmp_path, monke
     fail_writes_halfway(monkeypatch)
     with pytest.raises(OSError, match="disk full"):
         hf.save_pretrained(model, target, overwrite=True)
-    assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(target) == ["keep.txt"]
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+    assert os.listdir(target) == ["keep.txt"]
     with pytest.raises(OSError, match="disk full"):
         hf.save_pretrained(model, tmp_path / "new")
     assert sorted(os.listdir(tmp_path)) == ["out"]

@@ -81,13 +81,15 @@ def test_a_new_family_is_one_registration(tmp_path, monkeypatch):
     ours = {k: v.numpy() for k, v in source.state_dict().items()}
     arch = hf.ARCHITECTURES["ToyBertModel"]
     state = engine.to_hf_state_dict(ours, arch, config, {})
-    assert "blocks/1/attention.self.query.weight" in state and not any("layer." in k
+    assert "blocks/1/attention.self.query.weight" in state
+    assert not any("layer." in k
                                                                        for k in state)
     save_file({**state, "step": np.array([7])}, tmp_path / files.SAFETENSORS)
     (tmp_path / files.CONFIG).write_text(json.dumps(hf.config_to_hf(config, "ToyBertModel")))
     for framework in ("torch", "jax"):
         loaded = hf.from_pretrained(tmp_path, framework)
-        assert type(loaded).__name__ == "BertModel" and loaded.config == config
+        assert type(loaded).__name__ == "BertModel"
+        assert loaded.config == config
         back = loaded.state_dict() if framework == "torch" else convert.nnx_to_torch(loaded)
         assert back.keys() == ours.keys()
         for key, value in ours.items():

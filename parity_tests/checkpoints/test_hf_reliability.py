@@ -70,7 +70,7 @@ def test_missing_gpt2_field_is_named(field):
         hf.config_from_hf(config, "GPT2LMHeadModel", source="x/config.json")
 
 
-@pytest.mark.parametrize("edit,match", [
+@pytest.mark.parametrize(("edit", "match"), [
     ({"hidden_size": "32"}, r"hidden_size must be an integer, got str '32'"),
     ({"num_hidden_layers": 2.0}, r"num_hidden_layers must be an integer, got float 2.0"),
     ({"vocab_size": True}, r"vocab_size must be an integer, got bool True"),
@@ -172,7 +172,8 @@ def test_read_only_parent_names_the_target(tmp_path, small_model, monkeypatch):
     finally:
         parent.chmod(0o755)
     assert info.value.filename == str(target)
-    assert str(target) in str(info.value) and ".tmp-" not in str(info.value)
+    assert str(target) in str(info.value)
+    assert ".tmp-" not in str(info.value)
     assert f"{parent} must be writable" in str(info.value)
     assert os.listdir(parent) == []
 
@@ -201,6 +202,7 @@ def test_failure_leaves_an_existing_empty_directory_as_it_was(tmp_path, small_mo
     fail_writes_halfway(monkeypatch)
     with pytest.raises(OSError, match="disk full"):
         hf.save_pretrained(small_model, target)
-    assert os.listdir(target) == [] and sorted(os.listdir(tmp_path)) == ["out"]
+    assert os.listdir(target) == []
+    assert sorted(os.listdir(tmp_path)) == ["out"]
     assert stat.S_IMODE(target.stat().st_mode) == 0o705
 

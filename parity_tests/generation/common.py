@@ -37,7 +37,7 @@ def model_pair(torch_cls, jax_cls, config, seed: int = 0):
     return _model_pair(torch_cls, jax_cls, config, seed, scanning())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model_pair(torch_cls, jax_cls, config, seed, scanned):
     return twin_pair(torch_cls, jax_cls, config, seed, randomized=True)
 

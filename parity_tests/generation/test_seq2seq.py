@@ -73,4 +73,5 @@ def test_beam_search_and_sampling_identical_in_both_twins(num_beams):
         ours = np.asarray(jax_generate(jax_model, src, src_mask, **kwargs))
         twin = torch_generate(torch_model, src, src_mask, **kwargs).numpy()
         np.testing.assert_array_equal(ours, twin, err_msg=str(kwargs))
-        assert (ours[:, 0] == START).all() and ours.shape[1] > 1
+        assert (ours[:, 0] == START).all()
+        assert ours.shape[1] > 1

@@ -83,7 +83,8 @@ def test_generate_command_streams_what_generate_returns(model_dir, capsys):
                                   eos_token_id=eos, pad_token_id=eos))[0, ids.shape[1]:]
     text = tokenizer.decode([t for t in cli._until_eos(new, eos) if t != eos])
     assert out == prompt + text + "\n"
-    assert "tokens/s" in err and "new tokens in" in err
+    assert "tokens/s" in err
+    assert "new tokens in" in err
 
 
 def test_generate_command_batches_prompts(model_dir, capsys):
@@ -92,7 +93,8 @@ def test_generate_command_batches_prompts(model_dir, capsys):
     assert run_cli(argv) == 0
     out, err = capsys.readouterr()
     lines = out.splitlines()
-    assert lines[0].startswith("[0] to be") and lines[1].startswith("[1] all that glitters is")
+    assert lines[0].startswith("[0] to be")
+    assert lines[1].startswith("[1] all that glitters is")
     assert "(torch" in err
 
 

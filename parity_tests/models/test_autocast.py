@@ -265,7 +265,8 @@ def test_torch_train_step_autocasts():
                                                                  seq_len=7))
         batch = {k: v[None] for k, v in inputs("gpt").items()}
         result = trainer(batch)
-        assert np.isfinite(result["loss"]) and np.isfinite(trainer.evaluate(inputs("gpt")))
+        assert np.isfinite(result["loss"])
+        assert np.isfinite(trainer.evaluate(inputs("gpt")))
         dtypes = {p.dtype for p in model.parameters()}
         assert dtypes == {getattr(torch, param_dtype)}, f"{param_dtype}: {dtypes}"
         assert ("linear", torch.bfloat16) in seen, seen
@@ -290,7 +291,8 @@ def test_train_dtype_flags(tmp_path, monkeypatch, capsys):
     data = write_corpus(tmp_path / "corpus.txt", lines=40)
     flags = ["train", "--family", "gpt", "--data", data, "--steps", "1", "--checkpoint-dir",
              str(tmp_path / "run"), "--dtype", "bfloat16", "--param-dtype", "bfloat16"]
-    assert cli.main(flags) == 2 and "stopped before training" in capsys.readouterr().err
+    assert cli.main(flags) == 2
+    assert "stopped before training" in capsys.readouterr().err
     _, identity, model_cfg, *_ = prepared[0]
     assert (model_cfg.dtype, model_cfg.param_dtype) == ("bfloat16", "bfloat16")
     assert identity["model_config"]["dtype"] == "bfloat16"

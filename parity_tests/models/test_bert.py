@@ -105,7 +105,8 @@ def meaningful_rows(attention_mask, kind):
 def check_padded_row(expected, got, kind):
     """In tests about the fully padded row, that row must be finite and equal in both."""
     if kind == "fully_padded_row":
-        assert np.isfinite(to_numpy(got)).all() and np.isfinite(to_numpy(expected)).all()
+        assert np.isfinite(to_numpy(got)).all()
+        assert np.isfinite(to_numpy(expected)).all()
         assert_close(expected[-1], got[-1], what="fully padded row")
 
 
@@ -252,7 +253,8 @@ def test_bert_model(name, kind):
     with torch.no_grad():
         seq_t, pooled_t = torch_model(t(input_ids), t(token_type_ids), t(attention_mask))
     seq_j, pooled_j = jax_model(j(input_ids), j(token_type_ids), j(attention_mask))
-    assert seq_j.shape == (B, T, config.hidden_size) and pooled_j.shape == (B, config.hidden_size)
+    assert seq_j.shape == (B, T, config.hidden_size)
+    assert pooled_j.shape == (B, config.hidden_size)
     assert_close(seq_t, seq_j, where=meaningful_rows(attention_mask, kind), what="sequence")
     check_padded_row(seq_t, seq_j, kind)
     # The pooler reads position 0, padded for left padding: still defined and equal in both.
@@ -274,7 +276,8 @@ def test_bert_for_pretraining(name, kind):
         out_j = jax_model(j(input_ids), j(token_type_ids), j(attention_mask),
                           j(masked_positions))
         P = T if masked_positions is None else 3
-        assert out_j[1].shape == (B, P, config.vocab_size) and out_j[2].shape == (B, 2)
+        assert out_j[1].shape == (B, P, config.vocab_size)
+        assert out_j[2].shape == (B, 2)
         assert_close(out_t[0], out_j[0], where=where, what="sequence")
         mlm_where = where
         if masked_positions is not None and where is not None:
@@ -302,7 +305,8 @@ def test_bert_for_sequence_classification(kind):
 def test_bert_for_masked_lm(name, kind):
     config = CONFIGS[name]
     torch_model, jax_model = twins(tb.BertForMaskedLM, jb.BertForMaskedLM, config)
-    assert jax_model.bert.pooler is None and torch_model.bert.pooler is None
+    assert jax_model.bert.pooler is None
+    assert torch_model.bert.pooler is None
     input_ids, token_type_ids, attention_mask = inputs(config, kind=kind)
     positions = np.random.RandomState(10).randint(0, 4, (B, 3))
     with torch.no_grad():
@@ -652,7 +656,8 @@ def test_dropout_determinism_and_train_eval():
     with torch.no_grad():
         t1 = torch_model(t(input_ids), t(token_type_ids), t(attention_mask))[0].numpy()
         t2 = torch_model(t(input_ids), t(token_type_ids), t(attention_mask))[0].numpy()
-    assert not np.allclose(t1, eval_t) and not np.allclose(t1, t2)
+    assert not np.allclose(t1, eval_t)
+    assert not np.allclose(t1, t2)
 
     # Back to eval: parity again.
     model_a.eval()

@@ -258,7 +258,8 @@ def test_pure_bfloat16(family):  # GPT's parameters: test_pure_bfloat16_trains
             assert not wrong, f"param_dtype {param_dtype}, {when}: {wrong}"
         outputs[param_dtype] = as_tuple(jitted(model)(**args))
     for mixed, pure in zip(outputs["float32"], outputs["bfloat16"]):
-        assert pure.dtype == mixed.dtype and np.isfinite(np.asarray(pure, np.float32)).all()
+        assert pure.dtype == mixed.dtype
+        assert np.isfinite(np.asarray(pure, np.float32)).all()
         np.testing.assert_array_equal(np.asarray(pure, np.float32), np.asarray(mixed, np.float32))
 
 

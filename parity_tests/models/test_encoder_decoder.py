@@ -66,7 +66,7 @@ B, S, T = 3, 8, 7  # one shape for most tests: eager JAX compiles each op once p
 # helpers
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pair(name: str, seed: int = 0):
     """(torch_ref model, jaxformer model) with the same randomised weights, both in eval mode.
 
@@ -247,9 +247,11 @@ def test_fully_padded_rows_agree_and_are_finite(name):
     result means nothing, but it is finite and the same in both frameworks, on every row."""
     src, tgt, src_mask, tgt_mask = make_batch(CONFIGS[name], "fully_padded_row",
                                               "fully_padded_row")
-    assert not src_mask[-1].any() and not tgt_mask[-1].any()
+    assert not src_mask[-1].any()
+    assert not tgt_mask[-1].any()
     expected, actual = both_logits(name, src, tgt, src_mask, tgt_mask)
-    assert np.isfinite(to_numpy(expected)).all() and np.isfinite(to_numpy(actual)).all()
+    assert np.isfinite(to_numpy(expected)).all()
+    assert np.isfinite(to_numpy(actual)).all()
     assert_close(expected, actual, what=f"{name} logits incl. fully padded row")
     # Only the source fully padded, target real: cross-attention is uniform over the memory.
     expected, actual = both_logits(name, src, tgt, src_mask, None)
@@ -478,7 +480,8 @@ def build_nn_transformer(config: TransformerConfig, seed: int) -> nn.Transformer
     reference = nn.Transformer(**layer_args, num_encoder_layers=config.num_encoder_layers,
                                num_decoder_layers=config.num_decoder_layers,
                                custom_encoder=encoder)
-    assert reference.decoder.norm.eps == eps and reference.encoder.layers[0].norm1.eps == eps
+    assert reference.decoder.norm.eps == eps
+    assert reference.encoder.layers[0].norm1.eps == eps
     return randomize(reference, seed).eval()
 
 

@@ -58,7 +58,7 @@ def make_pair(torch_cls, jax_cls, config, seed: int = 0):
     return twin_pair(torch_cls, jax_cls, config, seed, randomized=True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gpt_pair(config_name: str):
     """Cached (read-only) model pair; tests that change a model build their own."""
     return make_pair(tgpt.GPT, jgpt.GPT, CONFIGS[config_name])
@@ -198,7 +198,7 @@ def test_model_parity(config_name, kind, rng):
 
 
 @pytest.mark.usefixtures("scan_layers")
-@pytest.mark.parametrize("batch,seq", [(1, 1), (4, 16)])
+@pytest.mark.parametrize(("batch", "seq"), [(1, 1), (4, 16)])
 def test_model_parity_shapes(batch, seq, rng):
     """Other batch and sequence sizes, down to a single token, with left padding."""
     torch_model, jax_model = gpt_pair("gpt2_tiny")
@@ -217,7 +217,8 @@ def test_fully_padded_row_is_finite_and_equal(config_name, rng):
     ids = random_ids(rng, CONFIGS[config_name], B, T)
     mask = gpt_mask("fully_padded_row", B, T)
     t_logits, j_logits = run_both(torch_model, jax_model, ids, mask)
-    assert np.isfinite(to_numpy(t_logits)).all() and np.isfinite(to_numpy(j_logits)).all()
+    assert np.isfinite(to_numpy(t_logits)).all()
+    assert np.isfinite(to_numpy(j_logits)).all()
     assert_close(t_logits, j_logits, what="logits, every row including the fully padded one")
 
 
@@ -428,7 +429,7 @@ def next_token_loss_np_weights(ids, mask):
 
 
 @pytest.mark.usefixtures("scan_layers")
-@pytest.mark.parametrize("config_name,kind", [("gpt2_tiny", "none"),
+@pytest.mark.parametrize(("config_name", "kind"), [("gpt2_tiny", "none"),
                                               ("simple_gpt_tiny", "left_padding")])
 def test_gradients_match(config_name, kind, rng):
     """jax.grad vs torch backward of a next-token cross-entropy, every parameter. (Each case
@@ -526,7 +527,8 @@ def test_seed_004_example():
     ours takes the equivalent [2, 6] ones mask (and refuses the 4-D one)."""
     config = dataclasses.replace(GPTConfig.simple_gpt(), vocab_size=1000, hidden_size=128,
                                  num_heads=4, num_layers=2, intermediate_size=256)
-    assert config.max_position_embeddings == 512 and not config.pre_norm
+    assert config.max_position_embeddings == 512
+    assert not config.pre_norm
     torch_model, jax_model = twin_pair(tgpt.GPT, jgpt.GPT, config)  # the models' own init
     torch.manual_seed(0)
     input_ids = torch.randint(0, 1000, (2, 6))
@@ -535,7 +537,8 @@ def test_seed_004_example():
         t_logits = torch_model(input_ids, attention_mask)
         t_no_mask = torch_model(input_ids)
     j_logits = jax_gpt(jax_model, input_ids.numpy(), attention_mask.numpy())
-    assert tuple(t_logits.shape) == (2, 6, 1000) and j_logits.shape == (2, 6, 1000)
+    assert tuple(t_logits.shape) == (2, 6, 1000)
+    assert j_logits.shape == (2, 6, 1000)
     assert_close(t_logits, j_logits, what="seed 004 logits")
     torch.testing.assert_close(t_logits, t_no_mask, rtol=0, atol=1e-6)
     seed_mask = attention_mask.unsqueeze(1).unsqueeze(2).expand(-1, -1, 6, -1)  # [2, 1, 6, 6]

@@ -58,7 +58,7 @@ def padding(kind: str, seq: int) -> np.ndarray:
 SPREAD = 0.1
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def random_twins(torch_cls, jax_cls, config, seed: int = 0):
     """(torch model, NNX model) with the same :func:`randomize`-d weights, in eval mode. Cached
     (here and in ``test_references.py``/``test_bf16.py``): tests only read them."""
@@ -67,7 +67,7 @@ def random_twins(torch_cls, jax_cls, config, seed: int = 0):
     return torch_model, jax_model
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiled(torch_cls, jax_cls, config):
     """The NNX model of :func:`random_twins`, jitted once."""
     return jitted(random_twins(torch_cls, jax_cls, config)[1])
@@ -199,7 +199,10 @@ def test_padding_helper():
     real tokens on both sides of the gap, row 0 is full."""
     for seq in (T, S):
         left, middle = padding("left", seq), padding("middle", seq)
-        assert left[0].all() and middle[0].all()
-        assert (left[1:, 0] == 0).all() and (left[1:, -1] == 1).all()
-        assert (middle[1:, 0] == 1).all() and (middle[1:, -1] == 1).all()
+        assert left[0].all()
+        assert middle[0].all()
+        assert (left[1:, 0] == 0).all()
+        assert (left[1:, -1] == 1).all()
+        assert (middle[1:, 0] == 1).all()
+        assert (middle[1:, -1] == 1).all()
         assert (middle[1:] == 0).any(axis=1).all()

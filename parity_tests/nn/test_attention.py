@@ -141,7 +141,7 @@ SDPA_KINDS = ("none", "right_padding", "left_padding", "causal", "causal_right_p
 
 
 @pytest.mark.parametrize("kind", SDPA_KINDS)
-@pytest.mark.parametrize("B, T, S", [(3, 6, 6), (2, 4, 7)])
+@pytest.mark.parametrize(("B", "T", "S"), [(3, 6, 6), (2, 4, 7)])
 def test_attention_matches_torch_sdpa_math(kind, B, T, S):
     rng = np.random.RandomState(0)
     nh, hs = 4, 8
@@ -179,7 +179,8 @@ def test_fully_masked_rows_give_mean_of_all_values(kind):
     q, k, v = qkv(rng, B, T, S, nh, hs)
     mask = build_mask(kind, B, T, S, nh, rng)
     dead = fully_masked_rows(mask, B, nh, T, S)  # (B, nh, T)
-    assert dead.any() and not dead.all()
+    assert dead.any()
+    assert not dead.all()
     reference = numpy_attention(q, k, v, mask)
     mean_v = v.astype(np.float64).mean(axis=1)  # (B, nh, hs): uniform weights over all S keys
     b, h, t = np.nonzero(dead)
@@ -330,7 +331,7 @@ def test_cross_attention_matches_torch(impl):
 
 def test_multi_head_attention_per_head_and_causal_masks():
     """A ``(B, nh, T, S)`` mask reaches each head separately in both frameworks."""
-    torch_mha, jax_mha = mha_twins(seed=2)
+    torch_mha, _jax_mha = mha_twins(seed=2)
     rng = np.random.RandomState(7)
     B, T = 3, 7
     x = rng.randn(B, T, CONFIG.hidden_size).astype(np.float32)

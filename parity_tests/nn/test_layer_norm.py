@@ -177,7 +177,8 @@ def test_every_layer_norm_of_every_model_uses_its_config_eps(family):
     torch_cls, jax_cls, config = FAMILIES[family]
     torch_model, jax_model = twin_pair(torch_cls, jax_cls, config)
     norms = {"torch": layer_norms(torch_model), "jax": layer_norms(jax_model)}
-    assert norms["torch"].keys() == norms["jax"].keys() and norms["jax"]
+    assert norms["torch"].keys() == norms["jax"].keys()
+    assert norms["jax"]
     for framework, by_path in norms.items():
         for seed, (path, norm) in enumerate(sorted(by_path.items())):
             try:

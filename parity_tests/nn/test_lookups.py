@@ -153,7 +153,8 @@ def test_position_lookup_under_jit_is_nan(models):
     run = jitted(embeddings)
     out = np.asarray(run(jnp.asarray(clean_inputs()["gpt"]["input_ids"]), jnp.asarray(positions)))
     bad = (positions < 0) | (positions >= GPT.max_position_embeddings)
-    assert np.isnan(out[bad]).all() and np.isfinite(out[~bad]).all()
+    assert np.isnan(out[bad]).all()
+    assert np.isfinite(out[~bad]).all()
 
 
 @pytest.mark.parametrize("framework", ["jax", "torch"])
@@ -214,7 +215,7 @@ MASK_ARGS = [("bert", "attention_mask"), ("gpt", "attention_mask"), ("ed", "src_
 
 @pytest.mark.parametrize("framework", ["jax", "torch"])
 @pytest.mark.parametrize("value", [2, -1, 0.5])
-@pytest.mark.parametrize("family, mask_arg", MASK_ARGS)
+@pytest.mark.parametrize(("family", "mask_arg"), MASK_ARGS)
 def test_attention_mask_values_other_than_0_1_are_refused(models, family, mask_arg, value,
                                                           framework):
     args = clean_inputs()[family]
@@ -229,7 +230,7 @@ def test_attention_mask_values_other_than_0_1_are_refused(models, family, mask_a
 
 
 @pytest.mark.parametrize("framework", ["jax", "torch"])
-@pytest.mark.parametrize("family, mask_arg", MASK_ARGS)
+@pytest.mark.parametrize(("family", "mask_arg"), MASK_ARGS)
 def test_boolean_and_float_0_1_masks_are_accepted(models, family, mask_arg, framework):
     """The other side of the rule: booleans and 0.0/1.0 floats mean the same as the int mask."""
     args = clean_inputs()[family]

@@ -20,7 +20,7 @@ def test_mask_value_is_shared_finite_and_annihilating():
     assert jm.MASK_VALUE == tm.MASK_VALUE
     assert np.isfinite(np.float32(jm.MASK_VALUE))
     # jax.nn.dot_product_attention fills masked float32 logits with the same constant.
-    assert jm.MASK_VALUE == -0.7 * float(np.finfo(np.float32).max)
+    assert -0.7 * float(np.finfo(np.float32).max) == jm.MASK_VALUE
     # exp(MASK_VALUE - real score) is exactly 0 in float32, whatever the real score.
     for score in (-1e4, 0.0, 1e4):
         row = jnp.array([score, jm.MASK_VALUE], jnp.float32)
@@ -39,12 +39,13 @@ def test_all_masked_row_softmax_is_uniform_in_both_frameworks():
     np.testing.assert_array_equal(torch_row.numpy(), np.full(5, 0.2, np.float32))
 
 
-@pytest.mark.parametrize("lengths, max_len", [([3, 1, 5], 5), ([0, 2], 4), ([7], 7)])
+@pytest.mark.parametrize(("lengths", "max_len"), [([3, 1, 5], 5), ([0, 2], 4), ([7], 7)])
 def test_lengths_to_attention_mask(lengths, max_len):
     expected = np.arange(max_len)[None, :] < np.asarray(lengths)[:, None]
     got_jax = np.asarray(jm.lengths_to_attention_mask(np.asarray(lengths), max_len))
     got_torch = tm.lengths_to_attention_mask(torch.tensor(lengths), max_len).numpy()
-    assert got_jax.dtype == bool and got_torch.dtype == bool
+    assert got_jax.dtype == bool
+    assert got_torch.dtype == bool
     np.testing.assert_array_equal(got_jax, expected)
     np.testing.assert_array_equal(got_torch, expected)
 
@@ -63,7 +64,7 @@ def test_padding_mask(kind):
                                   expected)
 
 
-@pytest.mark.parametrize("q_len, k_len", [(4, None), (1, 1), (3, 5), (1, 6)])
+@pytest.mark.parametrize(("q_len", "k_len"), [(4, None), (1, 1), (3, 5), (1, 6)])
 def test_causal_mask(q_len, k_len):
     k = q_len if k_len is None else k_len
     # Query i (counted from the end of the keys) sees keys j <= i + (k - q).
@@ -77,8 +78,10 @@ def test_causal_mask(q_len, k_len):
 
 
 def test_combine_masks():
-    assert jm.combine_masks() is None and tm.combine_masks() is None
-    assert jm.combine_masks(None, None) is None and tm.combine_masks(None) is None
+    assert jm.combine_masks() is None
+    assert tm.combine_masks() is None
+    assert jm.combine_masks(None, None) is None
+    assert tm.combine_masks(None) is None
     attention_mask = make_attention_mask("right_padding", 2, 5)
     pad = attention_mask.astype(bool)[:, None, None, :]
     causal = np.tril(np.ones((5, 5), bool))[None, None]
@@ -101,10 +104,13 @@ def test_make_attention_mask_helper(kind):
     if kind == "none":
         assert mask is None
         return
-    assert mask.shape == (3, 8) and mask[0].all()
+    assert mask.shape == (3, 8)
+    assert mask[0].all()
     if kind == "right_padding":
-        assert all((np.diff(row) <= 0).all() for row in mask) and not mask.all()
+        assert all((np.diff(row) <= 0).all() for row in mask)
+        assert not mask.all()
     if kind == "left_padding":
-        assert all((np.diff(row) >= 0).all() for row in mask) and not mask.all()
+        assert all((np.diff(row) >= 0).all() for row in mask)
+        assert not mask.all()
     if kind == "fully_padded_row":
         assert not mask[-1].any()

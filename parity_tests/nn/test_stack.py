@@ -91,7 +91,8 @@ def test_unrolled_stack_is_the_former_list():
     assert all(isinstance(path[0], int) for path, _ in ours)
     for (path, a), (_, b) in zip(ours, theirs):
         np.testing.assert_array_equal(_data(a), _data(b), err_msg=str(path))
-    assert len(stack) == 3 and stack[-1] is stack[2]
+    assert len(stack) == 3
+    assert stack[-1] is stack[2]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -121,7 +122,7 @@ def _train_gpt(remat: str, scan: bool):
     return jgpt.GPT(config, rngs=nnx.Rngs(params=0, dropout=1))
 
 
-@pytest.mark.parametrize("scan,policies", [(True, REMAT_POLICIES[1:]), (False, ("full",))],
+@pytest.mark.parametrize(("scan", "policies"), [(True, REMAT_POLICIES[1:]), (False, ("full",))],
                          ids=["scanned", "unrolled"])
 def test_remat_leaves_gradients_unchanged(scan, policies):
     """Every policy gives the gradients of no remat (1e-6), dropout included: the recomputed

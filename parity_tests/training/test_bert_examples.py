@@ -19,8 +19,7 @@ from jaxformer.training import data, vocab
 from jaxformer.training.config import IGNORE_INDEX, TrainConfig, TrainConfigError
 from parity_tests.training.test_trajectory import twin_steps
 
-WORDS = ("the a cat dog bird sat ran flew over under near house tree river quickly slowly red "
-         "green big small").split()
+WORDS = ["the", "a", "cat", "dog", "bird", "sat", "ran", "flew", "over", "under", "near", "house", "tree", "river", "quickly", "slowly", "red", "green", "big", "small"]
 CLS, SEP, MASK = 2, 3, 4
 
 
@@ -52,7 +51,7 @@ def within(count: int, n: int, p: float) -> bool:
 
 
 def test_masked_positions_follow_the_counting_rule(setup):
-    _, tokenizer, config, _, batch, encoded = setup
+    _, _tokenizer, config, _, batch, encoded = setup
     ids, mask, positions, labels = (batch[k] for k in ("input_ids", "attention_mask",
                                                        "masked_positions", "mlm_labels"))
     assert positions.shape == labels.shape == (len(ids), config.max_predictions)
@@ -68,7 +67,8 @@ def test_masked_positions_follow_the_counting_rule(setup):
         capped += expected == config.max_predictions < round(length * 0.15)
         n = int(real[r].sum())
         assert n == expected, (r, length, n, expected)
-        assert real[r, :n].all() and not real[r, n:].any()  # the real ones first
+        assert real[r, :n].all()
+        assert not real[r, n:].any()
         picked = positions[r, :n]
         assert (np.diff(picked) > 0).all()  # ascending, no position twice
         assert set(picked) <= set(candidates)  # never [CLS], [SEP] or padding
@@ -82,12 +82,14 @@ def test_masked_positions_follow_the_counting_rule(setup):
     for row, m in zip(original, mask):
         tokens = list(row[m == 1])
         first = tokens.index(SEP)
-        assert tokens[0] == CLS and tokens[-1] == SEP
-        assert tuple(tokens[1:first]) in prefixes and tuple(tokens[first + 1:-1]) in prefixes
+        assert tokens[0] == CLS
+        assert tokens[-1] == SEP
+        assert tuple(tokens[1:first]) in prefixes
+        assert tuple(tokens[first + 1:-1]) in prefixes
 
 
 def test_80_10_10_and_half_next_sentences(setup):
-    text, tokenizer, _, dataset, batch, encoded = setup
+    text, tokenizer, _, _dataset, batch, _encoded = setup
     ids, positions, labels = batch["input_ids"], batch["masked_positions"], batch["mlm_labels"]
     real = labels != IGNORE_INDEX
     rows = np.broadcast_to(np.arange(len(ids))[:, None], positions.shape)
@@ -171,7 +173,8 @@ def test_loss_at_the_positions_equals_the_dense_loss_and_torch():
                                       tensors["attention_mask"])
         expected = (torch_losses.masked_lm_loss(logits, torch.as_tensor(dense))
                     + torch_losses.next_sentence_loss(nsp_logits, tensors["nsp_labels"]))
-    assert logits.shape[1] == 24 and real.sum() < real.size  # some padded positions: weight 0
+    assert logits.shape[1] == 24
+    assert real.sum() < real.size
     np.testing.assert_allclose(float(sparse), float(expected), rtol=1e-6)
     steps = [(jax_step(dataset.update_batch(s)), torch_step(dataset.update_batch(s)))
              for s in range(config.steps)]

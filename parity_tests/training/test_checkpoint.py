@@ -64,7 +64,8 @@ def test_jax_round_trip_is_bit_identical(setup, tmp_path):
     assert Checkpointer(tmp_path).restore(target) == {"data_position": 7}
     assert target.step == 7
     a, b = _leaves(source), _leaves(target)
-    assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert len(a) == len(b)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
     # ...and the structure is the live one (optax states, nnx.State), not nested dicts.
     assert (jax.tree.structure(target.state_dict()["opt_state"])
             == jax.tree.structure(source.state_dict()["opt_state"]))
@@ -80,7 +81,8 @@ def test_torch_restored_step_continues_exactly(setup, tmp_path):
     first = [trainer(dataset.update_batch(step))["loss"] for step in range(3, 7)]
     # Dropout is on: without the RNG state the next losses would differ.
     other, _ = _trainer("torch", model_cfg, 5)
-    assert checkpointer.restore(other) == {"data_position": 3} and other.step == 3
+    assert checkpointer.restore(other) == {"data_position": 3}
+    assert other.step == 3
     again = [other(dataset.update_batch(step))["loss"] for step in range(3, 7)]
     assert again == first  # bit-identical
 
@@ -100,9 +102,11 @@ def test_keep_last_n_and_unfinished_saves(setup, tmp_path, framework):
     (directory / name / "state").mkdir(parents=True)
     (directory / name / "state" / "partial").write_bytes(b"\0" * 10)
     again = checkpointer_cls(directory, keep=2)
-    assert again.latest_step() == 4 and again.read_meta() == {"data_position": 4}
+    assert again.latest_step() == 4
+    assert again.read_meta() == {"data_position": 4}
     trainer.step = 0
-    assert again.restore(trainer) == {"data_position": 4} and trainer.step == 4
+    assert again.restore(trainer) == {"data_position": 4}
+    assert trainer.step == 4
     with pytest.raises(FileNotFoundError, match=r"no checkpoint of step 1 .*holds \[3, 4\]"):
         again.restore(trainer, step=1)
     with pytest.raises(FileNotFoundError, match="no checkpoint in"):

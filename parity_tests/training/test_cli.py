@@ -12,8 +12,7 @@ from jaxformer import cli
 from jaxformer.training.checkpoint import Checkpointer
 from torch_ref.training.checkpoint import Checkpointer as TorchCheckpointer
 
-WORDS = ("the a cat dog bird sat ran flew over under near house tree river quickly slowly red "
-         "green big small").split()
+WORDS = ["the", "a", "cat", "dog", "bird", "sat", "ran", "flew", "over", "under", "near", "house", "tree", "river", "quickly", "slowly", "red", "green", "big", "small"]
 
 
 def write_corpus(path, lines=150, seed=0, tabs=False):
@@ -47,18 +46,21 @@ def test_train_gpt_writes_progress_metrics_png_and_checkpoints(gpt_run, capsys):
     out = capsys.readouterr().out
     # Not a terminal here: plain progress lines (a bar is the default on a terminal).
     assert re.search(r"^step 1/50  loss \d+\.\d+  lr ", out, re.M)
-    assert re.search(r"^step 50/50  loss ", out, re.M) and "trained gpt (jax) to step 50" in out
+    assert re.search(r"^step 50/50  loss ", out, re.M)
+    assert "trained gpt (jax) to step 50" in out
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 51))
     for r in records:
         assert {"step", "loss", "learning_rate", "grad_norm", "seconds", "tokens_per_s",
                 "model_tflops_per_s", "mfu"} <= r.keys()
-        assert np.isfinite(r["loss"]) and r["tokens_per_s"] > 0
+        assert np.isfinite(r["loss"])
+        assert r["tokens_per_s"] > 0
         assert r["mfu"] == pytest.approx(r["model_tflops_per_s"] / 0.5)
     assert np.mean([r["loss"] for r in records[-5:]]) < records[0]["loss"] - 0.5  # it learns
     assert (run_dir / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert Checkpointer(run_dir / "checkpoints").steps() == [20, 40, 50]
-    assert (run_dir / "tokenizer.json").is_file() and (run_dir / "run.json").is_file()
+    assert (run_dir / "tokenizer.json").is_file()
+    assert (run_dir / "run.json").is_file()
 
 
 def test_the_trained_model_exports_to_transformers(gpt_run):
@@ -95,7 +97,7 @@ def _snapshot(run_dir):
             if p.is_file()}
 
 
-@pytest.mark.parametrize("change, difference", [
+@pytest.mark.parametrize(("change", "difference"), [
     (["--lr", "0.002"], "train_config.learning_rate: saved 0.001, now 0.002"),
     (["--family", "bert"], "family: saved 'gpt', now 'bert'"),
     (["--framework", "torch"], "framework: saved 'jax', now 'torch'"),
@@ -111,7 +113,8 @@ def test_resume_refuses_another_run_and_writes_nothing(gpt_run, capsys, change, 
     args.update(dict(zip(change[::2], change[1::2])))
     assert train(*[x for kv in args.items() for x in kv], "--resume") == 2
     err = capsys.readouterr().err
-    assert f"cannot resume {run_dir}" in err and difference in err
+    assert f"cannot resume {run_dir}" in err
+    assert difference in err
     assert "nothing was written" in err
     assert _snapshot(run_dir) == before
     # Without --resume an existing run is never overwritten either.
@@ -131,7 +134,8 @@ def test_jax_and_torch_print_matching_losses(tmp_path, capsys):
     assert train(*common, "--checkpoint-dir", tmp_path / "torch", "--framework", "torch",
                  "--progress", "bar") == 0
     bar = capsys.readouterr().err
-    assert "12/12" in bar and "classifier (torch)" in bar  # the tqdm bar
+    assert "12/12" in bar
+    assert "classifier (torch)" in bar
     jax_records, torch_records = (
         [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         for name in ("jax", "torch"))
@@ -170,7 +174,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, caps
     assert (run_dir / "metrics.png").is_file()
 
 
-@pytest.mark.parametrize("flags, content, message", [
+@pytest.mark.parametrize(("flags", "content", "message"), [
     (["--lr", "-0.001"], None, "learning_rate must be positive, got -0.001"),
     (["--warmup", "30", "--steps", "20"], None, r"warmup_steps is longer than the run \(steps=20"),
     (["--batch-size", "0"], None, "batch_size must be at least 1, got 0"),
@@ -205,7 +209,7 @@ def test_resume_without_a_run(tmp_path, capsys):
     assert "holds no run to resume" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, usage", [
+@pytest.mark.parametrize(("argv", "usage"), [
     (["parity", "--bogus"], "usage: jaxformer parity"),
     (["embed", "hello", "--bogus"], "usage: jaxformer embed"),
     (["train", "--family", "gpt", "--data", "x.txt", "--bogus"], "usage: jaxformer train"),
@@ -216,7 +220,8 @@ def test_unknown_arguments_show_the_subcommand_usage(capsys, argv, usage):
         cli.main(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith(usage) and "unrecognized arguments: --bogus" in err
+    assert err.startswith(usage)
+    assert "unrecognized arguments: --bogus" in err
     if argv[0] != "--bogus":
         assert "usage: jaxformer [-h] COMMAND" not in err
 

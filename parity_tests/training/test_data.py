@@ -10,7 +10,7 @@ from jaxformer.training import data, vocab
 from jaxformer.training.config import IGNORE_INDEX, TrainConfig, model_config
 
 CONFIG = TrainConfig(batch_size=4, seq_len=16, seed=3)
-WORDS = "the a cat dog bird sat ran over under near house tree river red green big".split()
+WORDS = ["the", "a", "cat", "dog", "bird", "sat", "ran", "over", "under", "near", "house", "tree", "river", "red", "green", "big"]
 
 
 def text(lines=40, tabs=None, seed=0):
@@ -34,10 +34,12 @@ def test_tokenizer_is_deterministic_with_the_special_tokens_first(tokenizer):
     again = [vocab.wordpiece_tokenizer(text(60).splitlines(), 80).to_str() for _ in range(3)]
     assert set(again) == {tokenizer.to_str()}
     encoded = tokenizer.encode("The big cat, quite unknown!", add_special_tokens=False)
-    assert encoded.tokens[:3] == ["the", "big", "cat"] and "[UNK]" in encoded.tokens
+    assert encoded.tokens[:3] == ["the", "big", "cat"]
+    assert "[UNK]" in encoded.tokens
     # 5 specials + a, b, ##a, ##b: past the size asked for, and no room for words
     few = vocab.wordpiece_tokenizer(["ab", "ba ab"], 8)
-    assert few.get_vocab_size() == 9 and few.encode("ab").tokens == ["a", "##b"]
+    assert few.get_vocab_size() == 9
+    assert few.encode("ab").tokens == ["a", "##b"]
 
 
 def test_gpt_windows_are_the_token_stream(tokenizer):
@@ -46,7 +48,8 @@ def test_gpt_windows_are_the_token_stream(tokenizer):
     stream = np.concatenate([np.append(tokenizer.encode(line, add_special_tokens=False).ids, 3)
                              for line in corpus.splitlines()])
     windows = stream[: len(stream) // 16 * 16].reshape(-1, 16)
-    assert len(dataset) + len(held) == len(windows) and len(held) == round(0.1 * len(windows))
+    assert len(dataset) + len(held) == len(windows)
+    assert len(held) == round(0.1 * len(windows))
     seen = dataset.micro_batch(0, size=len(dataset))["input_ids"]  # the whole first epoch
     # one epoch visits each training window exactly once, in a seeded order
     assert sorted(map(tuple, seen)) == sorted(map(tuple, windows[: len(dataset)]))
@@ -80,7 +83,8 @@ def test_bert_pairs_and_masking(tokenizer):
     ids, types, mask, labels = (batch[k] for k in ("input_ids", "token_type_ids",
                                                    "attention_mask", "mlm_labels"))
     original = np.where(labels != IGNORE_INDEX, labels, ids)  # undo the masking
-    assert (ids[:, 0] == 2).all() and ((original == 3).sum(1) == 2).all()  # [CLS] A [SEP] B [SEP]
+    assert (ids[:, 0] == 2).all()
+    assert ((original == 3).sum(1) == 2).all()
     assert set(batch["nsp_labels"]) == {0, 1}
     for row, nsp in zip(range(len(ids)), batch["nsp_labels"]):
         tokens = original[row][mask[row] == 1]
@@ -107,8 +111,11 @@ def test_transformer_pairs(tokenizer):
     for src, src_mask, tgt, tgt_mask, labels in zip(*(batch[k] for k in data.BATCH_KEYS[
             "transformer"])):
         n, m = src_mask.sum(), tgt_mask.sum()
-        assert src[n - 1] == 3 and (src[n:] == 0).all()
-        assert tgt[0] == 2 and (labels[m:] == IGNORE_INDEX).all() and labels[m - 1] == 3
+        assert src[n - 1] == 3
+        assert (src[n:] == 0).all()
+        assert tgt[0] == 2
+        assert (labels[m:] == IGNORE_INDEX).all()
+        assert labels[m - 1] == 3
         np.testing.assert_array_equal(tgt[1:m], labels[: m - 1])  # labels = input shifted left
     # without tabs: each line is the source of the next
     plain, _ = data.build_datasets("transformer", text(5), tokenizer, CONFIG)
@@ -118,14 +125,16 @@ def test_transformer_pairs(tokenizer):
 def test_classifier_labels(tokenizer):
     corpus = text(12, tabs=lambda i, s: f"{['pos', 'neg', 'mixed'][i % 3]}\t{s}")
     dataset, _ = data.build_datasets("classifier", corpus, tokenizer, CONFIG)
-    assert dataset.label_names == ["mixed", "neg", "pos"] and dataset.num_labels == 3
+    assert dataset.label_names == ["mixed", "neg", "pos"]
+    assert dataset.num_labels == 3
     batch = dataset.micro_batch(0)
-    assert set(batch["labels"]) <= {0, 1, 2} and (batch["input_ids"][:, 0] == 2).all()
+    assert set(batch["labels"]) <= {0, 1, 2}
+    assert (batch["input_ids"][:, 0] == 2).all()
     with pytest.raises(data.DataError, match="line 2 has no tab"):
         data.build_datasets("classifier", "a\tgood\nno tab here\n", tokenizer, CONFIG)
 
 
-@pytest.mark.parametrize("content, message", [
+@pytest.mark.parametrize(("content", "message"), [
     (b"", "is empty"),
     (b"  \n\n \t\n", "is empty"),
     (b"caf\xe9 au lait\n", r"not UTF-8 text: byte 0xe9 at offset 3"),

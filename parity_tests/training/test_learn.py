@@ -16,8 +16,8 @@ from jaxformer.training import data, vocab
 from jaxformer.training.config import TrainConfig
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "benchmarks"))
-import learn_bert  # noqa: E402
-import learn_copy_reverse as lcr  # noqa: E402
+import learn_bert
+import learn_copy_reverse as lcr
 
 PLAY = """A TINY PLAY
 
@@ -53,7 +53,8 @@ def test_speeches_are_the_sentences_and_plays_the_documents():
                                          "I saw it run.", "No."]
     text = learn_bert.bert_text({"one": PLAY, "two": PLAY.replace("cat", "owl"), "poem": "O."})
     documents = text.strip().split("\n\n")
-    assert len(documents) == 2 and documents[1].splitlines()[0].startswith("The owl")
+    assert len(documents) == 2
+    assert documents[1].splitlines()[0].startswith("The owl")
     first, second = learn_bert.TASK_PLAYS
     long = "\n\n".join(f"ALPHA.\nspeech number {i} of the first play" for i in range(9))
     other = "\n\n".join(f"Beta.\nanother speech, {i}, of the second" for i in range(4))
@@ -96,7 +97,8 @@ def test_copy_reverse_batches_and_held_out_sequences():
              for s in itertools.product(range(first, lcr.VOCAB), repeat=4)]
     stream = lcr.Stream("copy", 0, 64, every)
     batch = stream(0)
-    assert stream.redrawn > 0 and (batch["src_mask"].sum(-1) > 5).all()
+    assert stream.redrawn > 0
+    assert (batch["src_mask"].sum(-1) > 5).all()
     np.testing.assert_array_equal(batch["src_ids"], lcr.Stream("copy", 0, 64, every)(0)["src_ids"])
 
 
@@ -120,4 +122,5 @@ def test_learn_bert_pretraining_examples_from_plays():
     config = TrainConfig(batch_size=6, seq_len=16, max_predictions=3)
     dataset, _ = data.build_datasets("bert", text, tokenizer, config)
     batch = dataset.micro_batch(0)
-    assert len(dataset) == 12 and batch["masked_positions"].shape == (6, 3)
+    assert len(dataset) == 12
+    assert batch["masked_positions"].shape == (6, 3)

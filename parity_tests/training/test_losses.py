@@ -62,11 +62,13 @@ def test_all_ignored_gives_zero_loss_and_zero_gradients():
     assert np.isnan(_torch_reference(logits, labels))  # what torch's mean reduction gives
     value, grad = jax.value_and_grad(lambda x: jl.cross_entropy(x, jnp.asarray(labels)))(
         jnp.asarray(logits))
-    assert float(value) == 0.0 and np.all(np.asarray(grad) == 0.0)
+    assert float(value) == 0.0
+    assert np.all(np.asarray(grad) == 0.0)
     x = torch.tensor(logits, requires_grad=True)
     loss = tl.cross_entropy(x, torch.tensor(labels))
     loss.backward()
-    assert loss.item() == 0.0 and torch.all(x.grad == 0)
+    assert loss.item() == 0.0
+    assert torch.all(x.grad == 0)
     # Under jit too (the count of real targets is a traced value there).
     assert float(jax.jit(jl.masked_lm_loss)(jnp.asarray(logits), jnp.asarray(labels))) == 0.0
 
@@ -107,7 +109,8 @@ def test_causal_lm_loss_shifts_and_ignores_padding(padding):
                                     None if given_mask is None else jnp.asarray(given_mask)))
     got_t = tl.causal_lm_loss(torch.tensor(logits), torch.tensor(ids),
                               None if given_mask is None else torch.tensor(given_mask)).item()
-    assert abs(got_j - expected) <= TOL * expected and abs(got_t - expected) <= TOL * expected
+    assert abs(got_j - expected) <= TOL * expected
+    assert abs(got_t - expected) <= TOL * expected
 
 
 def test_next_sentence_and_classification_losses_match_torch():

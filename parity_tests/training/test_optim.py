@@ -29,7 +29,7 @@ from torch_ref.training.step import build_model as torch_build
 # ------------------------------------------------------------------------------- TrainConfig
 
 
-@pytest.mark.parametrize("changes, message", [
+@pytest.mark.parametrize(("changes", "message"), [
     ({"learning_rate": -1e-3}, "learning_rate must be positive"),
     ({"learning_rate": 0.0}, "learning_rate must be positive"),
     ({"learning_rate": float("nan")}, "learning_rate must be finite"),
@@ -56,7 +56,8 @@ def test_invalid_hyper_parameters_are_refused(changes, message):
 
 def test_train_config_is_frozen_and_hashable():
     config = TrainConfig(accumulation_steps=2)
-    assert config.micro_batch_size == 4 and hash(config) == hash(TrainConfig(accumulation_steps=2))
+    assert config.micro_batch_size == 4
+    assert hash(config) == hash(TrainConfig(accumulation_steps=2))
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.steps = 3
 
@@ -102,7 +103,8 @@ def test_schedules_agree_between_frameworks(config):
     np.testing.assert_allclose(lr_j, lr_t, rtol=1e-6, atol=0)
     assert lr_t.max() == pytest.approx(config.learning_rate, rel=1e-12)
     # every update of the run moves the weights; none goes below the floor
-    assert np.all(lr_t >= config.min_learning_rate) and np.all(lr_t[: config.steps] > 0)
+    assert np.all(lr_t >= config.min_learning_rate)
+    assert np.all(lr_t[: config.steps] > 0)
 
 
 def test_schedule_values_by_hand():
@@ -114,7 +116,8 @@ def test_schedule_values_by_hand():
     assert lr(linear, 50) == pytest.approx(0.0, abs=1e-18)  # after the last update
     assert lr(cosine, 30) == pytest.approx(1e-4 + 0.9e-3 * 0.5)  # cosine midpoint
     assert lr(cosine, 49) > lr(cosine, 50) == pytest.approx(1e-4)
-    assert lr(constant, 3) == pytest.approx(5e-4 * 4 / 8) and lr(constant, 40) == 5e-4
+    assert lr(constant, 3) == pytest.approx(5e-4 * 4 / 8)
+    assert lr(constant, 40) == 5e-4
     assert lr(inv_sqrt, 15) == pytest.approx(7e-4)  # peak at update 16 (1-based)
     assert lr(inv_sqrt, 63) == pytest.approx(7e-4 * math.sqrt(16 / 64))  # 1/sqrt(step) decay
     assert lr(inv_sqrt, 3) == pytest.approx(7e-4 * 4 / 16)

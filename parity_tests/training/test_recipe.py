@@ -14,8 +14,7 @@ from jaxformer.config import GPTConfig
 from jaxformer.training import data, vocab
 from jaxformer.training.config import TrainConfig, TrainConfigError
 
-WORDS = ("thou art my lord and i shall not speak of love to thee the king is dead good night "
-         "sweet prince what light through yonder window breaks").split()
+WORDS = ["thou", "art", "my", "lord", "and", "i", "shall", "not", "speak", "of", "love", "to", "thee", "the", "king", "is", "dead", "good", "night", "sweet", "prince", "what", "light", "through", "yonder", "window", "breaks"]
 
 
 def play(lines=120, seed=0) -> str:
@@ -41,7 +40,8 @@ def test_random_windows_are_shifted_slices_of_the_raw_text():
     tokenizer = vocab.char_tokenizer(text)
     train, held = data.build_datasets("gpt", text, tokenizer, CONFIG, eval_fraction=0.1)
     stream = vocab.encode_chars(tokenizer, text)
-    assert "\n" in tokenizer.get_vocab() and len(stream) == len(text)  # newlines are tokens
+    assert "\n" in tokenizer.get_vocab()
+    assert len(stream) == len(text)
     cut = len(stream) - round(0.1 * len(stream))  # the tail tenth is held out
     np.testing.assert_array_equal(train.tokens, stream[:cut])
     np.testing.assert_array_equal(held.tokens, stream[cut:])
@@ -65,7 +65,8 @@ def test_random_windows_are_shifted_slices_of_the_raw_text():
     assert not np.array_equal(train.micro_batch(0)["input_ids"],
                               other_seed.micro_batch(0)["input_ids"])
     evals = held.eval_batches(3)  # fixed: the same batches at every evaluation
-    assert len(evals) == 3 and all(np.array_equal(a["input_ids"], b["input_ids"])
+    assert len(evals) == 3
+    assert all(np.array_equal(a["input_ids"], b["input_ids"])
                                    for a, b in zip(evals, held.eval_batches(3)))
     # packed windows of a char stream: the raw text cut into seq_len pieces, no [SEP]
     packed, _ = data.build_datasets("gpt", text, tokenizer, TrainConfig(batch_size=4, seq_len=16))
@@ -155,7 +156,9 @@ def test_greedy_sample_is_the_same_in_both_frameworks():
     prompt = [1, 2, 3]
     ids = greedy_sample(model, prompt, 12)
     np.testing.assert_array_equal(ids, torch_sample.greedy_sample(twin, prompt, 12))
-    assert ids.dtype == np.int32 and ids.shape == (12,) and len(set(ids.tolist())) > 2
+    assert ids.dtype == np.int32
+    assert ids.shape == (12,)
+    assert len(set(ids.tolist())) > 2
     full = prompt + ids.tolist()
     with torch.no_grad():
         for n in range(len(prompt), len(full)):
@@ -167,7 +170,7 @@ def test_greedy_sample_is_the_same_in_both_frameworks():
         torch_sample.greedy_sample(twin, [11], 3)
 
 
-@pytest.mark.parametrize("flags, message", [
+@pytest.mark.parametrize(("flags", "message"), [
     (["--family", "bert", "--gpt-windows", "random"], "gpt_windows 'random' is for the gpt "
                                                        "family only"),
     (["--val-data", "VAL"], "val_data must be given only with eval_every > 0"),

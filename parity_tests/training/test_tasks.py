@@ -20,9 +20,11 @@ def test_pairs_are_random_ordinary_tokens_copied_or_reversed(task):
     pairs = tasks.copy_reverse_pairs(200, task=task, vocab_size=12, min_len=3, max_len=9, seed=1)
     assert len(pairs) == 200
     lengths = [len(s) for s, _ in pairs]
-    assert min(lengths) == 3 and max(lengths) == 9
+    assert min(lengths) == 3
+    assert max(lengths) == 9
     tokens = np.concatenate([s for s, _ in pairs])
-    assert tokens.dtype == np.int32 and set(tokens.tolist()) == set(range(5, 12))
+    assert tokens.dtype == np.int32
+    assert set(tokens.tolist()) == set(range(5, 12))
     for s, t in pairs:
         assert t.tolist() == (s.tolist() if task == "copy" else s.tolist()[::-1])
     again = tasks.copy_reverse_pairs(200, task=task, vocab_size=12, min_len=3, max_len=9, seed=1)

@@ -22,7 +22,8 @@ def test_char_ids_are_nanogpts():
     stoi = {c: i for i, c in enumerate(chars)}
     assert tokenizer.get_vocab() == stoi
     ids = vocab.encode_chars(tokenizer, TEXT)
-    assert ids.dtype == np.int32 and ids.tolist() == [stoi[c] for c in TEXT]
+    assert ids.dtype == np.int32
+    assert ids.tolist() == [stoi[c] for c in TEXT]
     assert tokenizer.encode(TEXT).ids == ids.tolist()  # the tokenizer itself gives these ids
     assert tokenizer.decode(ids.tolist()) == TEXT
     assert tokenizer.to_str().count('"added_tokens":[]') == 1  # no special token
