@@ -11,6 +11,12 @@ from jaxformer.training import data
 from jaxformer.training.config import IGNORE_INDEX, TrainConfig
 
 
+def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """bfloat16 and float16 logits in float32, float32 and float64 as they are (a float64 twin
+    is the exact reference of the trajectory tests)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def cross_entropy(logits, labels, *, ignore_index: int = IGNORE_INDEX,
                   label_smoothing: float = 0.0):
     if tuple(logits.shape[:-1]) != tuple(labels.shape):
@@ -20,7 +26,7 @@ def cross_entropy(logits, labels, *, ignore_index: int = IGNORE_INDEX,
     num_classes = logits.shape[-1]
     data.check_labels("labels", labels, num_classes, ignore_index)
     labels = torch.as_tensor(labels, device=logits.device).long()
-    total = F.cross_entropy(logits.float().reshape(-1, num_classes), labels.reshape(-1),
+    total = F.cross_entropy(_at_least_float32(logits).reshape(-1, num_classes), labels.reshape(-1),
                             ignore_index=ignore_index, label_smoothing=label_smoothing,
                             reduction="sum")
     return total / (labels != ignore_index).sum().clamp(min=1)
