@@ -64,9 +64,9 @@ from flax import nnx
 
 from jaxformer.checkpoints import convert
 from jaxformer.training import losses as jax_losses
-from parity_tests.helpers import max_rel_diff, randomize
 from parity_tests.models.test_bf16 import FAMILIES, as_tuple, inputs, loss, loss_labels
 from parity_tests.models.test_invariance import SPREAD
+from parity_tests.support.helpers import max_rel_diff, randomize
 from torch_ref.training import losses as torch_losses
 
 OUTPUTS = {"bert": ("sequence", "mlm_logits", "nsp_logits"), "gpt": ("logits",),

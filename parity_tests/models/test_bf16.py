@@ -57,8 +57,8 @@ from jaxformer.models import encoder_decoder as jed
 from jaxformer.models import gpt as jg
 from jaxformer.nn.jit import jitted
 from jaxformer.training import losses
-from parity_tests.helpers import FORWARD_RTOL, max_rel_diff, randomize
 from parity_tests.models.test_invariance import SPREAD
+from parity_tests.support.helpers import FORWARD_RTOL, max_rel_diff, randomize
 from torch_ref.models import bert as tb
 from torch_ref.models import encoder_decoder as ted
 from torch_ref.models import gpt as tg
