@@ -4,7 +4,8 @@ jaxformer and in torch_ref, against the torch twin run in float64 with the same 
     PYTHONPATH=. .venv/bin/python benchmarks/bf16_error.py [--seeds 8]
 
 The models, inputs, weights and error measures are those of
-``parity_tests/models/test_autocast.py``, whose bounds are set from this script's output
+``parity_tests/models/test_autocast.py`` (shared through ``parity_tests/support/autocast.py``),
+whose bounds are set from this script's output
 (``benchmarks/results/bf16_error.json``): jaxformer in float32, with ``dtype="bfloat16"``
 (float32 parameters) and in pure bfloat16 (``param_dtype="bfloat16"`` too); torch_ref in float32
 and under ``torch.autocast("cpu", dtype=torch.bfloat16)``; and the difference between jaxformer
@@ -34,7 +35,7 @@ COLUMNS = ("jax_float32", "torch_float32", "jax_bfloat16", "jax_pure_bfloat16", 
 
 def measure(family: str, seed: int) -> dict[str, dict[str, float]]:
     """{output or "grads" or "loss": {column: error}} for one family and seed."""
-    from parity_tests.models import test_autocast as t
+    from parity_tests.support import autocast as t
 
     model = t.torch_model(family, seed)
     state = model.state_dict()
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
 
     jax.config.update("jax_default_matmul_precision", "highest")  # as the parity suite
     torch.set_num_threads(1)
-    from parity_tests.models.test_autocast import OUTPUTS
+    from parity_tests.support.autocast import OUTPUTS
 
     began, load_before = time.time(), os.getloadavg()
     per_seed: dict[str, list] = {}

@@ -1,4 +1,4 @@
-"""Pins precision and seeds for the parity suite; the helpers tests share are in ``helpers.py``.
+"""Pins precision and seeds for the parity suite; shared helpers are in ``support/helpers.py``.
 
 float32 matmuls default to TF32 on GPU in both frameworks; parity needs full precision, so both
 are pinned here, before any test builds a model.
@@ -60,7 +60,7 @@ def scan_layers(request):
     if not request.param:
         yield False
         return
-    from parity_tests.helpers import scanned_stacks
+    from parity_tests.support.helpers import scanned_stacks
 
     with scanned_stacks():
         yield True

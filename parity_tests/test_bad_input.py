@@ -19,7 +19,7 @@ from flax import nnx
 from jaxformer import validate
 from jaxformer.config import BertConfig, GPTConfig, TransformerConfig
 from jaxformer.models import bert as jb
-from parity_tests.helpers import twin_pair
+from parity_tests.support.helpers import twin_pair
 from torch_ref.models import bert as tb
 
 TINY = BertConfig.tiny()  # vocab 99, type_vocab 3, 64 positions

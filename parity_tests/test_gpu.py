@@ -23,8 +23,8 @@ import torch
 from jaxformer.config import BertConfig, GPTConfig
 from jaxformer.models import bert as jb
 from jaxformer.models import gpt as jg
-from parity_tests.helpers import FORWARD_RTOL, max_rel_diff, twin_pair
-from parity_tests.models.test_bf16 import BF16_BOUND
+from parity_tests.support.bf16 import BF16_BOUND
+from parity_tests.support.helpers import FORWARD_RTOL, max_rel_diff, twin_pair
 from torch_ref.models import bert as tb
 from torch_ref.models import gpt as tg
 

@@ -1,7 +1,7 @@
 """Sharding: the mesh, the rule table, and training over 8 devices and over two processes.
 
 The suite's process started JAX with one CPU device, so the 8-device cases run in one subprocess
-(``sharding_worker.py``, all cases, one import and one single-device reference) and the
+(``tools/sharding_worker.py``, all cases, one import and one single-device reference) and the
 two-process case through ``python -m jaxformer.sharding launch`` (two processes of 4 devices
 each, joined by JAX's distributed runtime). Both are bounded in time and leave no process behind.
 DESIGN.md: sharded vs one device, losses equal to 1e-5 relative over 20 steps.
@@ -118,7 +118,8 @@ def eight_devices() -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
            "XLA_FLAGS": FAST_COMPILE}
     try:
-        run = subprocess.run([sys.executable, str(ROOT / "parity_tests" / "sharding_worker.py")],
+        run = subprocess.run([sys.executable,
+                              str(ROOT / "parity_tests" / "tools" / "sharding_worker.py")],
                              env=env, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:  # subprocess.run kills the worker
         pytest.fail(f"the 8-device worker did not finish in {TIMEOUT} s")

@@ -27,7 +27,7 @@ from jaxformer.checkpoints.convert import StateDictMismatchError
 from jaxformer.config import BertConfig
 from jaxformer.models import bert as jb
 from jaxformer.nn import layers as jl
-from parity_tests.helpers import (
+from parity_tests.support.helpers import (
     FORWARD_RTOL,
     assert_close,
     make_attention_mask,

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from jaxformer import cli, embed
-from parity_tests.checkpoints.hf_models import hf_bert_config, hf_model
-from parity_tests.helpers import assert_close
+from parity_tests.support.helpers import assert_close
+from parity_tests.support.hf_models import hf_bert_config, hf_model
 
 
 @pytest.fixture(scope="module")

@@ -32,14 +32,14 @@ from jaxformer.checkpoints import convert, hf
 from jaxformer.config import BertConfig, GPTConfig
 from jaxformer.models import bert as jb
 from jaxformer.models import gpt as jg
-from parity_tests.checkpoints.hf_models import (
+from parity_tests.support.helpers import assert_close, to_numpy
+from parity_tests.support.hf_models import (
     fail_writes_halfway,
     hf_bert_config,
     hf_gpt2_config,
     hf_model,
     randomize,
 )
-from parity_tests.helpers import assert_close, to_numpy
 from torch_ref.models import bert as tb
 from torch_ref.models import gpt as tg
 

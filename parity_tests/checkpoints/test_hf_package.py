@@ -22,8 +22,8 @@ from safetensors.numpy import save_file
 from jaxformer.checkpoints import convert, hf
 from jaxformer.checkpoints.hf import bert, engine, files
 from jaxformer.config import BertConfig
-from parity_tests.checkpoints.hf_models import hf_model
-from parity_tests.helpers import FORWARD_RTOL, assert_close, max_rel_diff
+from parity_tests.support.helpers import FORWARD_RTOL, assert_close, max_rel_diff
+from parity_tests.support.hf_models import hf_model
 from torch_ref.models import bert as tb
 
 PUBLIC = ("from_pretrained", "save_pretrained", "CheckpointError", "UnsupportedConfigError",

@@ -23,7 +23,7 @@ from safetensors.numpy import load_file, save_file
 
 from jaxformer.checkpoints import hf
 from jaxformer.config import BertConfig
-from parity_tests.checkpoints.hf_models import fail_writes_halfway, hf_gpt2_config, hf_model
+from parity_tests.support.hf_models import fail_writes_halfway, hf_gpt2_config, hf_model
 from torch_ref.models import bert as tb
 
 BERT_SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

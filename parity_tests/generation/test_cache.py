@@ -18,7 +18,7 @@ import torch
 
 from jaxformer.models import encoder_decoder as jed
 from jaxformer.models import gpt as jgpt
-from parity_tests.generation.common import (
+from parity_tests.support.generation import (
     GPT_POST_LN,
     GPT_PRE_LN,
     SEQ2SEQ_POST_LN,
@@ -29,7 +29,7 @@ from parity_tests.generation.common import (
     left_padded,
     model_pair,
 )
-from parity_tests.helpers import assert_close, to_numpy
+from parity_tests.support.helpers import assert_close, to_numpy
 from torch_ref.models import encoder_decoder as ted
 from torch_ref.models import gpt as tgpt
 

@@ -22,7 +22,7 @@ import torch
 
 from jaxformer.checkpoints import hf
 from jaxformer.generation import generate as jax_generate
-from parity_tests.generation.common import MIN_GAP, hf_gpt2, left_padded, top2_gap
+from parity_tests.support.generation import MIN_GAP, hf_gpt2, left_padded, top2_gap
 from torch_ref.generation import generate as torch_generate
 
 MAX_NEW = 12

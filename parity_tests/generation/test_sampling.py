@@ -15,7 +15,7 @@ from jaxformer.generation import checks
 from jaxformer.generation import generate as jax_generate
 from jaxformer.generation import processors as jproc
 from jaxformer.models import gpt as jgpt
-from parity_tests.generation.common import GPT_PRE_LN, left_padded, model_pair
+from parity_tests.support.generation import GPT_PRE_LN, left_padded, model_pair
 from torch_ref.generation import generate as torch_generate
 from torch_ref.generation import processors as tproc
 from torch_ref.models import gpt as tgpt

@@ -10,7 +10,7 @@ import torch
 
 from jaxformer.generation import generate as jax_generate
 from jaxformer.models import encoder_decoder as jed
-from parity_tests.generation.common import MIN_GAP, SEQ2SEQ_PRE_LN, model_pair, top2_gap
+from parity_tests.support.generation import MIN_GAP, SEQ2SEQ_PRE_LN, model_pair, top2_gap
 from torch_ref.generation import generate as torch_generate
 from torch_ref.models import encoder_decoder as ted
 

@@ -18,7 +18,7 @@ from jaxformer.generation import cli
 from jaxformer.generation import generate as jax_generate
 from jaxformer.generation import stream as jax_stream
 from jaxformer.models import gpt as jgpt
-from parity_tests.generation.common import GPT_PRE_LN, hf_gpt2, left_padded, model_pair
+from parity_tests.support.generation import GPT_PRE_LN, hf_gpt2, left_padded, model_pair
 from torch_ref.generation import generate as torch_generate
 from torch_ref.generation import stream as torch_stream
 from torch_ref.models import gpt as tgpt

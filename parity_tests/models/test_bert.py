@@ -29,7 +29,7 @@ from jaxformer.config import BertConfig
 from jaxformer.models import bert as jb
 from jaxformer.nn import layers as jl
 from jaxformer.nn.masks import padding_mask
-from parity_tests.helpers import (
+from parity_tests.support.helpers import (
     GRAD_RTOL,
     JIT_TOL,
     MASK_KINDS,

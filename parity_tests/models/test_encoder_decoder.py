@@ -35,7 +35,7 @@ from jaxformer.config import TransformerConfig
 from jaxformer.models import encoder_decoder as jed
 from jaxformer.nn import masks as jmasks
 from jaxformer.numerics import sinusoidal_positions
-from parity_tests.helpers import (
+from parity_tests.support.helpers import (
     JIT_TOL,
     MASK_KINDS,
     assert_close,

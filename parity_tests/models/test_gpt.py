@@ -27,7 +27,7 @@ from jaxformer.checkpoints import convert
 from jaxformer.config import GPTConfig
 from jaxformer.models import gpt as jgpt
 from jaxformer.nn import layers as jlayers
-from parity_tests.helpers import (
+from parity_tests.support.helpers import (
     GRAD_RTOL,
     JIT_TOL,
     assert_close,

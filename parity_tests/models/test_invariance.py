@@ -21,20 +21,18 @@ another order. Each test also shows the change is large (> 1e-2) when the same p
 
 from __future__ import annotations
 
-import functools
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
-from jaxformer.checkpoints import convert
 from jaxformer.config import BertConfig, GPTConfig, TransformerConfig
 from jaxformer.models import bert as jb
 from jaxformer.models import encoder_decoder as jed
 from jaxformer.models import gpt as jg
 from jaxformer.nn.jit import jitted
-from parity_tests.helpers import JIT_TOL, max_rel_diff, randomize, twin_pair
+from parity_tests.support.helpers import JIT_TOL, max_rel_diff
+from parity_tests.support.twins import call, compiled, random_twins
 from torch_ref.models import bert as tb
 from torch_ref.models import encoder_decoder as ted
 from torch_ref.models import gpt as tg
@@ -51,34 +49,6 @@ def padding(kind: str, seq: int) -> np.ndarray:
     else:
         mask[1, 2:4], mask[2, 1:seq - 1] = 0, 0  # row 2: first and last real
     return mask
-
-
-# Biases and LayerNorm offsets 0.1 N(0, 1) (helpers.randomize's spread): test_bf16's bound was
-# measured on these weights.
-SPREAD = 0.1
-
-
-@functools.cache
-def random_twins(torch_cls, jax_cls, config, seed: int = 0):
-    """(torch model, NNX model) with the same :func:`randomize`-d weights, in eval mode. Cached
-    (here and in ``test_references.py``/``test_bf16.py``): tests only read them."""
-    torch_model, jax_model = twin_pair(torch_cls, jax_cls, config, seed)
-    convert.torch_to_nnx(randomize(torch_model, seed, SPREAD).state_dict(), jax_model)
-    return torch_model, jax_model
-
-
-@functools.cache
-def compiled(torch_cls, jax_cls, config):
-    """The NNX model of :func:`random_twins`, jitted once."""
-    return jitted(random_twins(torch_cls, jax_cls, config)[1])
-
-
-def call(fn, framework: str, args: dict):
-    """``fn(**args)`` with the numpy ``args`` as torch tensors (no grad) or JAX arrays."""
-    if framework == "torch":
-        with torch.no_grad():
-            return fn(**{k: torch.from_numpy(v) for k, v in args.items()})
-    return fn(**{k: jnp.asarray(v) for k, v in args.items()})
 
 
 FAMILIES = {

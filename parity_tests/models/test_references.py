@@ -32,8 +32,8 @@ from jaxformer.models import bert as jb
 from jaxformer.models import encoder_decoder as jed
 from jaxformer.models import gpt as jg
 from jaxformer.nn import attention as jattn
-from parity_tests.helpers import FORWARD_RTOL, max_rel_diff
-from parity_tests.models.test_invariance import call, compiled, random_twins
+from parity_tests.support.helpers import FORWARD_RTOL, max_rel_diff
+from parity_tests.support.twins import call, compiled, random_twins
 from torch_ref.models import bert as tb
 from torch_ref.models import encoder_decoder as ted
 from torch_ref.models import gpt as tg

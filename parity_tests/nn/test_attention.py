@@ -29,7 +29,7 @@ from jaxformer.checkpoints import convert
 from jaxformer.config import BertConfig
 from jaxformer.nn import attention as jl
 from jaxformer.nn.masks import MASK_VALUE, causal_mask, combine_masks, padding_mask
-from parity_tests.helpers import (
+from parity_tests.support.helpers import (
     JIT_TOL,
     MASK_KINDS,
     assert_close,

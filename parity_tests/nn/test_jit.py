@@ -12,7 +12,7 @@ from flax import nnx
 from jaxformer.config import GPTConfig
 from jaxformer.models.gpt import GPT
 from jaxformer.nn.jit import jitted
-from parity_tests.helpers import JIT_TOL, max_rel_diff
+from parity_tests.support.helpers import JIT_TOL, max_rel_diff
 
 CONFIG = dataclasses.replace(GPTConfig.tiny(), dropout_rate=0.3, attention_dropout_rate=0.3)
 IDS = jnp.array([[5, 6, 7, 8, 9], [1, 2, 3, 4, 0]])

@@ -40,7 +40,7 @@ from jaxformer.models import bert as jb
 from jaxformer.models import encoder_decoder as jed
 from jaxformer.models import gpt as jg
 from jaxformer.nn.params import layer_norm as jax_layer_norm
-from parity_tests.helpers import twin_pair
+from parity_tests.support.helpers import twin_pair
 from torch_ref.models import bert as tb
 from torch_ref.models import encoder_decoder as ted
 from torch_ref.models import gpt as tg

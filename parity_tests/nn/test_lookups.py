@@ -32,7 +32,7 @@ from jaxformer.models import bert as jb
 from jaxformer.models import encoder_decoder as jed
 from jaxformer.models import gpt as jg
 from jaxformer.nn.jit import jitted
-from parity_tests.helpers import JIT_TOL, max_rel_diff, twin_pair
+from parity_tests.support.helpers import JIT_TOL, max_rel_diff, twin_pair
 from torch_ref.models import bert as tb
 from torch_ref.models import encoder_decoder as ted
 from torch_ref.models import gpt as tg

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from jaxformer.nn import masks as jm
-from parity_tests.helpers import MASK_KINDS, make_attention_mask
+from parity_tests.support.helpers import MASK_KINDS, make_attention_mask
 from torch_ref.nn import masks as tm
 
 

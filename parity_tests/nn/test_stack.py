@@ -26,7 +26,7 @@ from jaxformer.models import encoder_decoder as jed
 from jaxformer.models import gpt as jgpt
 from jaxformer.nn.layers import TransformerBlock
 from jaxformer.nn.stack import LayerStack
-from parity_tests.helpers import GRAD_RTOL, JIT_TOL, max_rel_diff, to_numpy, twin_pair
+from parity_tests.support.helpers import GRAD_RTOL, JIT_TOL, max_rel_diff, to_numpy, twin_pair
 from torch_ref.models import bert as tbert
 from torch_ref.models import encoder_decoder as ted
 from torch_ref.models import gpt as tgpt

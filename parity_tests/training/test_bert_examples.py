@@ -17,7 +17,7 @@ import pytest
 
 from jaxformer.training import data, vocab
 from jaxformer.training.config import IGNORE_INDEX, TrainConfig, TrainConfigError
-from parity_tests.training.test_trajectory import twin_steps
+from parity_tests.support.training import twin_steps
 
 WORDS = ["the", "a", "cat", "dog", "bird", "sat", "ran", "flew", "over", "under", "near", "house", "tree", "river", "quickly", "slowly", "red", "green", "big", "small"]
 CLS, SEP, MASK = 2, 3, 4

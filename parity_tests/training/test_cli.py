@@ -10,18 +10,8 @@ import pytest
 
 from jaxformer import cli
 from jaxformer.training.checkpoint import Checkpointer
+from parity_tests.support.training import write_corpus
 from torch_ref.training.checkpoint import Checkpointer as TorchCheckpointer
-
-WORDS = ["the", "a", "cat", "dog", "bird", "sat", "ran", "flew", "over", "under", "near", "house", "tree", "river", "quickly", "slowly", "red", "green", "big", "small"]
-
-
-def write_corpus(path, lines=150, seed=0, tabs=False):
-    rng = np.random.RandomState(seed)
-    rows = [" ".join(rng.choice(WORDS, rng.randint(5, 14))) for _ in range(lines)]
-    if tabs:
-        rows = [f"{'yes' if 'cat' in r else 'no'}\t{r}" for r in rows]
-    path.write_text("\n".join(rows) + "\n")
-    return str(path)
 
 
 def train(*args):

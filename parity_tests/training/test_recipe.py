@@ -148,7 +148,7 @@ def test_greedy_sample_is_the_same_in_both_frameworks():
 
     from jaxformer.models.gpt import GPT as JaxGPT
     from jaxformer.training.sample import greedy_sample
-    from parity_tests.helpers import twin_pair
+    from parity_tests.support.helpers import twin_pair
     from torch_ref.models.gpt import GPT
     from torch_ref.training import sample as torch_sample
 

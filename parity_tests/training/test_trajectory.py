@@ -12,50 +12,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flax import nnx
 
 from jaxformer.checkpoints import convert
 from jaxformer.training import data, vocab
 from jaxformer.training.config import TrainConfig, model_config
-from jaxformer.training.step import MODELS, TrainStep
+from parity_tests.support.training import corpus, twin_steps
 from torch_ref.training.step import TrainStep as TorchTrainStep
 from torch_ref.training.step import build_model as torch_build_model
 
 STEPS = 100
-WORDS = ["the", "a", "cat", "dog", "bird", "sat", "ran", "flew", "over", "under", "near", "house", "tree", "river", "quickly", "slowly", "red", "green", "big", "small"]
 CASES = {  # family -> TrainConfig changes
     "gpt": dict(schedule="linear", warmup_steps=10),
     "bert": dict(schedule="cosine", warmup_steps=10, accumulation_steps=2, min_learning_rate=1e-4),
     "transformer": dict(schedule="inverse_sqrt", warmup_steps=10, label_smoothing=0.1),
     "classifier": dict(schedule="cosine", warmup_steps=5),
 }
-
-
-def corpus(family: str, lines: int = 80) -> str:
-    rng = np.random.RandomState(0)
-    out = []
-    for i in range(lines):
-        sentence = " ".join(rng.choice(WORDS, rng.randint(4, 12)))
-        if family == "classifier":
-            sentence = f"{'yes' if 'cat' in sentence else 'no'}\t{sentence}"
-        out.append(sentence)
-        if family == "bert" and i % 10 == 9:
-            out.append("")  # documents
-    return "\n".join(out) + "\n"
-
-
-def twin_steps(family: str, config: TrainConfig, seed: int = 0):
-    """The JAX and torch steps of ``family`` from identical weights, and the training data."""
-    text = corpus(family)
-    tokenizer = vocab.wordpiece_tokenizer(text.splitlines(), 120)
-    dataset, _ = data.build_datasets(family, text, tokenizer, config)
-    model_cfg = model_config(family, "tiny", vocab_size=tokenizer.get_vocab_size(), pad_id=0,
-                             num_labels=dataset.num_labels, dropout=0.0)
-    torch_model = torch_build_model(family, model_cfg, seed)
-    jax_model = convert.abstract_model(lambda: MODELS[family](model_cfg, rngs=nnx.Rngs(seed)))
-    convert.torch_to_nnx(torch_model.state_dict(), jax_model)
-    torch_step = TorchTrainStep(family, torch_model, config)
-    return TrainStep(family, jax_model, config), torch_step, dataset
 
 
 def global_rel_l2(torch_model, jax_model) -> float:

@@ -1,8 +1,8 @@
 """Tiny, randomised Hugging Face transformers models for the checkpoint tests.
 
 The sizes are those of ``BertConfig.tiny()`` / ``GPTConfig.tiny()``, so jit caches are shared
-with the rest of the suite. The package's ``__init__`` sets ``HF_HUB_OFFLINE``: nothing here
-touches the network.
+with the rest of the suite. Its users, the checkpoint tests, get ``HF_HUB_OFFLINE`` from
+``parity_tests/checkpoints/__init__.py``: nothing here touches the network.
 """
 
 from __future__ import annotations

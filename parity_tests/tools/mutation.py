@@ -6,11 +6,11 @@ temporary directory, applies that one mutant there, runs the tests that should c
 with ``PYTHONPATH`` and the working directory at the copy, under a time limit) and records the
 first failing test, or that none failed. The working tree is never touched.
 
-    .venv/bin/python -m parity_tests.mutation            # every mutant, then a table and a score
-    .venv/bin/python -m parity_tests.mutation --only softmax_axis dropout_in_eval
-    .venv/bin/python -m parity_tests.mutation --check    # only: does every old text still exist?
-    .venv/bin/python -m parity_tests.mutation --baseline # the selected tests pass unmutated?
-    .venv/bin/python -m parity_tests.mutation --new-only # the tests without a twin alone
+    .venv/bin/python -m parity_tests.tools.mutation            # every mutant, then table and score
+    .venv/bin/python -m parity_tests.tools.mutation --only softmax_axis dropout_in_eval
+    .venv/bin/python -m parity_tests.tools.mutation --check    # only: do all old texts still exist?
+    .venv/bin/python -m parity_tests.tools.mutation --baseline # the selected tests pass unmutated?
+    .venv/bin/python -m parity_tests.tools.mutation --new-only # the tests without a twin alone
 
 A mutant whose old text is no longer found exactly once is reported as ``stale`` (the code moved
 on: rewrite the mutant), never skipped in silence. Statuses: ``caught`` (a test failed, or the
@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 J, TR, PT = "jaxformer/", "torch_ref/", "parity_tests/"
 ATTN, MASKS, LAYERS, PARAMS = "nn/attention.py", "nn/masks.py", "nn/layers.py", "nn/params.py"

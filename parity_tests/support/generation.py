@@ -14,7 +14,7 @@ import transformers
 from flax import nnx
 
 from jaxformer.config import GPTConfig, TransformerConfig
-from parity_tests.helpers import scanning, twin_pair
+from parity_tests.support.helpers import scanning, twin_pair
 
 transformers.utils.logging.disable_progress_bar()
 transformers.utils.logging.set_verbosity_error()

@@ -1,0 +1,58 @@
+"""The synthetic corpora and twin train steps the training tests share.
+
+``WORDS`` is their vocabulary; ``corpus`` (a family's text, in memory) and ``twin_steps`` (the
+JAX and torch train steps of a family from identical weights, with their data) serve
+``training/test_trajectory.py`` and ``training/test_bert_examples.py``; ``write_corpus`` (a corpus
+file for ``jaxformer train``) serves ``training/test_cli.py`` and ``models/test_autocast.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flax import nnx
+
+from jaxformer.checkpoints import convert
+from jaxformer.training import data, vocab
+from jaxformer.training.config import TrainConfig, model_config
+from jaxformer.training.step import MODELS, TrainStep
+from torch_ref.training.step import TrainStep as TorchTrainStep
+from torch_ref.training.step import build_model as torch_build_model
+
+WORDS = ["the", "a", "cat", "dog", "bird", "sat", "ran", "flew", "over", "under", "near", "house",
+         "tree", "river", "quickly", "slowly", "red", "green", "big", "small"]
+
+
+def corpus(family: str, lines: int = 80) -> str:
+    rng = np.random.RandomState(0)
+    out = []
+    for i in range(lines):
+        sentence = " ".join(rng.choice(WORDS, rng.randint(4, 12)))
+        if family == "classifier":
+            sentence = f"{'yes' if 'cat' in sentence else 'no'}\t{sentence}"
+        out.append(sentence)
+        if family == "bert" and i % 10 == 9:
+            out.append("")  # documents
+    return "\n".join(out) + "\n"
+
+
+def twin_steps(family: str, config: TrainConfig, seed: int = 0):
+    """The JAX and torch steps of ``family`` from identical weights, and the training data."""
+    text = corpus(family)
+    tokenizer = vocab.wordpiece_tokenizer(text.splitlines(), 120)
+    dataset, _ = data.build_datasets(family, text, tokenizer, config)
+    model_cfg = model_config(family, "tiny", vocab_size=tokenizer.get_vocab_size(), pad_id=0,
+                             num_labels=dataset.num_labels, dropout=0.0)
+    torch_model = torch_build_model(family, model_cfg, seed)
+    jax_model = convert.abstract_model(lambda: MODELS[family](model_cfg, rngs=nnx.Rngs(seed)))
+    convert.torch_to_nnx(torch_model.state_dict(), jax_model)
+    torch_step = TorchTrainStep(family, torch_model, config)
+    return TrainStep(family, jax_model, config), torch_step, dataset
+
+
+def write_corpus(path, lines=150, seed=0, tabs=False):
+    rng = np.random.RandomState(seed)
+    rows = [" ".join(rng.choice(WORDS, rng.randint(5, 14))) for _ in range(lines)]
+    if tabs:
+        rows = [f"{'yes' if 'cat' in r else 'no'}\t{r}" for r in rows]
+    path.write_text("\n".join(rows) + "\n")
+    return str(path)
