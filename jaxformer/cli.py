@@ -1,4 +1,18 @@
-"""The jaxformer command.
+"""The ``jaxformer`` command: the parser and dispatch of ``parity``, ``embed``, ``train``,
+``generate`` and ``data``; each subcommand's work lives in its package (``jaxformer.parity``,
+``jaxformer.embed``, ``jaxformer.training``, ``jaxformer.generation``). ``DESCRIPTION`` is the
+text of ``jaxformer --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from jaxformer import embed as embed_module
+
+DESCRIPTION = """The jaxformer command.
 
   jaxformer parity   builds every family in Flax NNX and in PyTorch with the same seeded weights
                      and prints, per component, the max abs difference and its bound.
@@ -13,14 +27,6 @@
 
 Unknown arguments are reported with the usage of the subcommand they were given to.
 """
-
-from __future__ import annotations
-
-import argparse
-import json
-import sys
-
-from jaxformer import embed as embed_module
 
 
 def _parity(args) -> int:
@@ -59,7 +65,7 @@ def _parity(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="jaxformer", description=__doc__,
+        prog="jaxformer", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 

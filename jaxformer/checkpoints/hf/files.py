@@ -1,10 +1,7 @@
-"""The files of a Hugging Face model directory: reading weights and ``config.json``, and writing
-a directory atomically.
-
-Weights: ``model.safetensors``, a sharded ``model.safetensors.index.json`` or
-``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``); every tensor comes back as
-numpy, floating point as float32 (bfloat16 and float16 upcast exactly), other dtypes as they are,
-for the engine to refuse where they meet a weight.
+"""The files of a Hugging Face model directory: reading weights and ``config.json``, writing a
+directory atomically. Weights come from ``model.safetensors``, a sharded
+``model.safetensors.index.json`` or ``pytorch_model.bin`` (``torch.load(weights_only=True)``),
+always as numpy; the engine refuses what is not a weight.
 """
 
 from __future__ import annotations
@@ -30,7 +27,8 @@ CONFIG = "config.json"
 
 def float_numpy(value) -> np.ndarray:
     """A tensor or array as numpy, floats as float32 (bfloat16 and float16 upcast exactly);
-    other dtypes are kept, for :func:`map_checkpoint` to refuse where they meet a weight."""
+    other dtypes are kept, for :func:`~jaxformer.checkpoints.hf.engine.map_checkpoint` to refuse
+    where they meet a weight."""
     if hasattr(value, "detach"):  # torch.Tensor, without importing torch
         value = value.detach().cpu()
         if value.is_floating_point():
