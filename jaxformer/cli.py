@@ -63,8 +63,14 @@ def _parity(args) -> int:
     return 1 if failed else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser, which also knows each subcommand's parser (for its usage)."""
+
+    subcommands: dict[str, argparse.ArgumentParser]
+
+
+def build_parser() -> _Parser:
+    parser = _Parser(
         prog="jaxformer", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")

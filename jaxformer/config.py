@@ -53,6 +53,11 @@ def _check_types(config) -> None:
 class _ModelConfig:
     """What every family's config shares: the derived ``head_dim``."""
 
+    # Declared for the type checker only (no value, so no attribute and no dataclass field here):
+    # each family's dataclass defines them.
+    hidden_size: int
+    num_heads: int
+
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads

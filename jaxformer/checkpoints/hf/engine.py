@@ -227,7 +227,11 @@ def map_checkpoint(state: dict[str, np.ndarray], arch: Architecture, config,
     unused = [re.compile(p) for p in arch.ignored]
 
     sources: dict[str, list[tuple[str, bool, np.ndarray]]] = {}  # our key -> (ckpt key, tied, v)
-    unexpected, misshaped, dropped, non_floating, non_finite = [], [], [], [], []
+    unexpected: list[str] = []
+    misshaped: list[str] = []
+    dropped: list[str] = []
+    non_floating: list[str] = []
+    non_finite: list[str] = []
     claimed = set()  # model keys some checkpoint key maps to, whatever its shape or values
     for key in sorted(state):
         hits = [(m, rule, prefix) for regex, rule, prefix in table
@@ -259,7 +263,10 @@ def map_checkpoint(state: dict[str, np.ndarray], arch: Architecture, config,
             continue
         dtype_problem, finite_problem = weight_problems(key, state[key])
         if dtype_problem or finite_problem:
-            (non_floating if dtype_problem else non_finite).append(dtype_problem or finite_problem)
+            if dtype_problem:
+                non_floating.append(dtype_problem)
+            elif finite_problem:
+                non_finite.append(finite_problem)
             continue
         for target, value in zip(targets, forward(state[key])):
             sources.setdefault(target, []).append((key, rule.tied, value))

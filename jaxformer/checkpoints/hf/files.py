@@ -11,8 +11,9 @@ import os
 import shutil
 import stat
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,12 +43,13 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     from safetensors import SafetensorError
 
     try:
+        tensors: Mapping[str, Any]
         try:
-            from safetensors.numpy import load_file
-            tensors = load_file(path)
+            from safetensors.numpy import load_file as load_numpy
+            tensors = load_numpy(path)
         except TypeError:  # bfloat16, which numpy lacks: read through torch
-            from safetensors.torch import load_file
-            tensors = load_file(path)
+            from safetensors.torch import load_file as load_torch
+            tensors = load_torch(path)
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"cannot read {path}: {e} (is the file truncated or "
                               f"corrupted?)") from e
