@@ -32,6 +32,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(PY) -m mypy
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_forward.py

@@ -1,4 +1,18 @@
-"""The jaxformer command.
+"""The ``jaxformer`` command: the parser and dispatch of ``parity``, ``embed``, ``train``,
+``generate`` and ``data``; each subcommand's work lives in its package (``jaxformer.parity``,
+``jaxformer.embed``, ``jaxformer.training``, ``jaxformer.generation``). ``DESCRIPTION`` is the
+text of ``jaxformer --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from jaxformer import embed as embed_module
+
+DESCRIPTION = """The jaxformer command.
 
   jaxformer parity   builds every family in Flax NNX and in PyTorch with the same seeded weights
                      and prints, per component, the max abs difference and its bound.
@@ -13,14 +27,6 @@
 
 Unknown arguments are reported with the usage of the subcommand they were given to.
 """
-
-from __future__ import annotations
-
-import argparse
-import json
-import sys
-
-from jaxformer import embed as embed_module
 
 
 def _parity(args) -> int:
@@ -57,9 +63,15 @@ def _parity(args) -> int:
     return 1 if failed else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="jaxformer", description=__doc__,
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser, which also knows each subcommand's parser (for its usage)."""
+
+    subcommands: dict[str, argparse.ArgumentParser]
+
+
+def build_parser() -> _Parser:
+    parser = _Parser(
+        prog="jaxformer", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 

@@ -1,17 +1,8 @@
-"""Model configurations: one frozen dataclass per family, standard library only.
+"""Model configurations: one frozen dataclass per family, with its presets (standard library only).
 
-``torch_ref`` imports these same classes, so the two frameworks can never be built from different
-hyper-parameters. A frozen config is hashable and can be a static argument to ``jax.jit``.
-Presets are classmethods; variants use ``dataclasses.replace(config, field=value)``.
-
-Architecture switches on which the seeds and their real-world descendants differ are fields here,
-not forks of the model code:
-
-- ``activation``: ``"gelu"`` (exact, erf), ``"gelu_tanh"`` (GPT-2's approximation) or ``"relu"``;
-- ``pre_norm``: LayerNorm before each sub-layer (GPT-2) or after the residual add (BERT, 2017);
-- ``embedding_layer_norm`` / ``final_layer_norm``: LayerNorm after the embeddings / after the stack;
-- ``tie_word_embeddings``: the output projection reuses the token embedding matrix;
-- ``position_embedding_type``: ``"learned"`` table or fixed ``"sinusoidal"`` encoding.
+``torch_ref`` builds its twins from these same classes, so the two frameworks cannot drift apart
+in a hyper-parameter. A frozen config is hashable, hence a static argument to ``jax.jit``. Presets
+are classmethods (`docs/glossary.md`); variants use ``dataclasses.replace(config, field=value)``.
 """
 
 from __future__ import annotations
@@ -19,6 +10,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+# Architecture switches on which the seeds and their real-world descendants differ are fields,
+# not forks of the model code: `activation` ("gelu" exact/erf, "gelu_tanh" GPT-2's approximation,
+# "relu"); `pre_norm` (LayerNorm before each sub-layer as in GPT-2, or after the residual add as in
+# BERT and the 2017 Transformer); `embedding_layer_norm` / `final_layer_norm` (after the
+# embeddings / after the stack); `tie_word_embeddings` (the output projection reuses the token
+# embedding matrix); `position_embedding_type` ("learned" table or fixed "sinusoidal" encoding).
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -55,6 +52,11 @@ def _check_types(config) -> None:
 
 class _ModelConfig:
     """What every family's config shares: the derived ``head_dim``."""
+
+    # Declared for the type checker only (no value, so no attribute and no dataclass field here):
+    # each family's dataclass defines them.
+    hidden_size: int
+    num_heads: int
 
     @property
     def head_dim(self) -> int:

@@ -1,27 +1,9 @@
 """Sentence embeddings the sentence-transformers way, computed by jaxformer's BERT in JAX.
 
-A sentence-transformers directory (e.g. ``all-MiniLM-L6-v2``) is a Hugging Face BERT checkpoint
-plus a few small files that say how to turn token vectors into one vector per text:
-
-- ``modules.json``: the pipeline, here ``Transformer`` -> ``Pooling`` -> optional ``Normalize``;
-- ``sentence_bert_config.json``: ``max_seq_length`` (truncation) and ``do_lower_case``;
-- ``1_Pooling/config.json``: the pooling mode (mean over real tokens, ``[CLS]`` or max).
-
-This module reads them, tokenizes with ``tokenizers`` from ``tokenizer.json`` (padding to the
-longest text of the batch, truncating to ``max_seq_length``, the tokenizer file's own fixed
-padding is overridden as sentence-transformers does), runs :class:`jaxformer.models.bert.BertModel`
-and pools and normalises exactly as sentence-transformers does. A directory without
-``modules.json`` is treated as sentence-transformers treats a plain model: mean pooling, no
-normalisation. Pipelines with other modules (``Dense``, ...) are refused.
-
-Batches are sorted by length and padded to a multiple of 16 tokens, so ``jit`` compiles a few
-shapes rather than one per batch; padding never changes a real token's result.
-
-Inputs follow sentence-transformers: a list of texts gives ``(N, hidden)``, a single string is
-one text and gives ``(hidden,)`` (never one embedding per character). An empty or
-whitespace-only text is embedded, as sentence-transformers embeds it: the tokenizer gives
-``[CLS] [SEP]`` and the pooling runs over those two tokens. Refusing it would abort a long batch
-for one blank line, and its vector is well defined (the same for every blank text).
+Reads a sentence-transformers directory (e.g. ``all-MiniLM-L6-v2``: a Hugging Face BERT plus
+``modules.json``, ``sentence_bert_config.json`` and ``1_Pooling/config.json``), tokenizes, runs
+:class:`jaxformer.models.bert.BertModel`, pools and normalises as sentence-transformers does, and
+serves ``jaxformer embed``. Behaviour and its reasons: `docs/huggingface.md`.
 """
 
 from __future__ import annotations
@@ -44,6 +26,13 @@ _LEGACY_POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_to
                         "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
                         "pooling_mode_weightedmean_tokens": "weightedmean",
                         "pooling_mode_lasttoken": "lasttoken"}
+# Batches are sorted by length and padded to a multiple of LENGTH_BUCKET tokens, so ``jit``
+# compiles a few shapes rather than one per batch; padding never changes a real token's result.
+# A directory without ``modules.json`` is treated as sentence-transformers treats a plain model
+# (mean pooling, no normalisation); pipelines with other modules (``Dense``, ...) are refused.
+# An empty or whitespace-only text is embedded, not refused (the tokenizer gives [CLS] [SEP]
+# and the pooling runs over those two tokens): refusing it would abort a long batch for one blank
+# line, and its vector is well defined (the same for every blank text).
 LENGTH_BUCKET = 16
 
 

@@ -1,12 +1,8 @@
-"""Checks at the public boundary, shared by ``jaxformer`` and ``torch_ref`` (numpy only).
+"""Input checks at the public boundary, shared by ``jaxformer`` and ``torch_ref`` (numpy only).
 
-Every model calls the check for its family here before computing, in both frameworks, so the two
-refuse the same inputs with the same message. Shapes and dtypes are static and always checked.
-Values (ids in range, masks of 0/1) are checked whenever they are concrete: numpy arrays, torch
-tensors, and JAX arrays, including a concrete array captured by closure inside ``jax.jit``, whose
-values are read on the host with numpy. Values that are tracers (arguments of a jitted function)
-cannot be read; there the models make every out-of-range lookup NaN (see ``jaxformer.nn.layers``)
-and :func:`check_ids` on the host-side batch before the step gives the clear error.
+Every model calls its family's check before computing, in both frameworks, so the twins refuse the
+same inputs with the same message. Shapes and dtypes are always checked, values whenever they are
+concrete; why and what happens under ``jit`` is in `docs/design.md` ("Inputs, masks, numerics").
 """
 
 from __future__ import annotations
@@ -17,6 +13,10 @@ import sys
 import numpy as np
 
 
+# Values that are tracers (arguments of a jitted function) cannot be read: there the models make
+# every out-of-range lookup NaN (``jaxformer.nn.params.Embed``), and :func:`check_ids` on the
+# host-side batch before the step gives the clear error. A concrete JAX array captured by closure
+# inside ``jax.jit`` is not a tracer, and is read on the host with numpy.
 def is_traced(x) -> bool:
     """True for a JAX tracer (inside ``jit``/``grad``), whose values cannot be read."""
     jax = sys.modules.get("jax")

@@ -1,2 +1,3 @@
-"""Weights in and out: ``convert`` (torch_ref state_dict <-> NNX) and ``hf`` (Hugging Face
-directories)."""
+"""Weights in and out: ``convert`` (a ``torch_ref`` state_dict <-> an NNX model) and ``hf``
+(Hugging Face directories). The rules are in `docs/design.md` ("The mirror") and
+`docs/huggingface.md`."""

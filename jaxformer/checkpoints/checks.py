@@ -1,8 +1,8 @@
 """What makes an array a weight, shared by ``convert`` and ``hf`` (numpy only, no framework).
 
-A weight is a finite floating-point array. Integer and boolean tensors in a state_dict are
-buffers or mistakes (loaded as weights they would silently become zeros and ones), and a NaN or
-infinite weight poisons every output it reaches: both are refused at load time, by key.
+A weight is a finite floating-point array. Integer and boolean tensors in a state_dict are buffers
+or mistakes (loaded as weights they would silently become zeros and ones), and a NaN or infinite
+weight poisons every output it reaches: both are refused at load time, by key.
 """
 
 from __future__ import annotations

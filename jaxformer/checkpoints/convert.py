@@ -1,25 +1,9 @@
-"""Weights between a torch_ref ``state_dict`` and a jaxformer NNX model (numpy in, numpy out).
+"""Weights between a ``torch_ref`` ``state_dict`` and a jaxformer NNX model (numpy in, numpy out).
 
-The dotted NNX parameter path equals the torch key up to the leaf, so four rules do it all:
-
-=============  ===============  ==========================================
-NNX leaf       torch leaf       transform
-=============  ===============  ==========================================
-``kernel``     ``weight``       transpose (``nnx.Linear`` is ``[in, out]``)
-``scale``      ``weight``       none (LayerNorm)
-``embedding``  ``weight``       none (Embedding)
-``bias``       ``bias``         none
-=============  ===============  ==========================================
-
-Key sets must match exactly, every shape must agree and every value must be a finite floating-point
-number (an integer or boolean tensor is not a weight, and a NaN or infinite weight would poison
-every output without a word); otherwise nothing is loaded and the error lists every missing,
-unexpected, mis-shaped, non-floating and non-finite key. Tied weights exist once on both sides.
-A scanned layer stack (``config.scan_layers``, ``jaxformer/nn/stack.py``) holds each weight once
-for all layers, stacked on a leading axis at ``<stack>.stacked.<rest>``; it maps to the per-layer
-torch keys ``<stack>.{i}.<rest>`` (layer ``i`` is slice ``i``), so the state dict, its checks and
-its errors are the same in both modes.
-``nnx_to_torch`` returns fresh, writable arrays that ``torch.from_numpy`` takes as they are.
+The dotted NNX path equals the torch key up to the leaf, so four rules (``LEAF_RULES``) do it all;
+key sets, shapes and values are checked exactly and nothing is loaded partially (see
+`docs/design.md`, "The mirror"). ``nnx_to_torch`` returns writable arrays, as
+``torch.from_numpy`` needs.
 """
 
 from __future__ import annotations
@@ -51,6 +35,12 @@ class StateDictMismatchError(ValueError):
     """The state_dict does not fit the model: lists missing, unexpected and mis-shaped keys."""
 
 
+# A scanned layer stack (``scan_layers=True``, `jaxformer/nn/stack.py`) holds each weight once
+# for all layers, stacked on a leading axis at ``<stack>.stacked.<rest>``; it maps to the
+# per-layer torch keys ``<stack>.{i}.<rest>`` (layer i is slice i), so the state dict, its checks
+# and its errors are the same in both modes. Every problem (missing, unexpected, mis-shaped,
+# non-floating, non-finite key) is collected and raised at once: an integer tensor is not a weight,
+# and a NaN weight would poison every output without a word.
 def _per_layer(path: tuple, stacks: dict[tuple, int]) -> list[tuple[tuple, int | None]]:
     """A parameter's torch-side paths: ``[(path, None)]``, or one ``(path, layer)`` per layer
     when it lies in a scanned stack (``<stack>.stacked.<rest>`` -> ``<stack>.{i}.<rest>``)."""

@@ -1,32 +1,8 @@
 """FLOP and parameter counts of the three families, from a config and the shapes alone.
 
-Standard library only (``jaxformer.config`` is too), so ``torch_ref``, the benchmarks and a
-training loop can import it without JAX, as nanoGPT keeps ``estimate_mfu`` beside its model.
-
-**What is counted**: every matrix product the forward pass runs, 2 FLOPs per multiply-add:
-
-- the linear projections: query, key, value and output of every attention layer, the two
-  feed-forward layers, the BERT pooler and heads, the LM head / output projection (tied or not:
-  a tied head is the same product with the embedding matrix);
-- the attention products, scores ``Q K^T`` and the weighted sum ``P V``: ``2 * 2 * B * Tq * Tk * C``
-  per attention layer, all heads together (heads x head size = C).
-
-Every position is counted, padded ones included, and the whole ``Tq x Tk`` score matrix under a
-causal mask: that dense computation is what both frameworks execute (neither skips masked
-blocks). Cross-attention projects its keys and values from the memory in every decoder layer of
-every call, as ``encoder_decoder.py`` does.
-
-**Not counted**: element-wise work (bias and residual adds, LayerNorm, softmax, GELU / ReLU / tanh,
-masking, scaling, embedding scale, dropout) and embedding lookups (gathers, no arithmetic). On the
-presets that is a few percent of XLA's own count, more on tiny test configs; the test beside the
-models measures the gap (``parity_tests/models/test_flops.py``).
-
-**Training step**: ``3 x forward``, the usual convention (Kaplan et al., 2020; the PaLM paper's
-MFU): the backward pass runs two products per forward product, one for the gradient of the input
-and one for the gradient of the weight. Optimizer updates and the loss are not counted.
-
-Shapes: B batch, T sequence length (S source, Tt target for the encoder-decoder), C hidden size,
-I feed-forward size, L layers, V vocabulary, P positions table, nh heads.
+Standard library only, so ``torch_ref``, the benchmarks and a training loop import it without JAX
+(as nanoGPT keeps ``estimate_mfu`` beside its model). What is counted and why is written above
+the building blocks; `parity_tests/models/test_flops.py` measures it against XLA's own count.
 """
 
 from __future__ import annotations
@@ -41,6 +17,29 @@ BERT_MODELS = {
     "BertForSequenceClassification": (True, False, False, True),
 }
 
+
+# What is counted: every matrix product the forward pass runs, 2 FLOPs per multiply-add:
+# - the linear projections: query, key, value and output of every attention layer, the two
+#   feed-forward layers, the BERT pooler and heads, the LM head / output projection (tied or not:
+#   a tied head is the same product with the embedding matrix);
+# - the attention products, scores Q K^T and the weighted sum P V: 2 * 2 * B * Tq * Tk * C per
+#   attention layer, all heads together (heads x head size = C).
+# Every position is counted, padded ones included, and the whole Tq x Tk score matrix under a
+# causal mask: that dense computation is what both frameworks execute (neither skips masked
+# blocks). Cross-attention projects its keys and values from the memory in every decoder layer of
+# every call, as jaxformer/models/encoder_decoder.py does.
+#
+# Not counted: element-wise work (bias and residual adds, LayerNorm, softmax, GELU / ReLU / tanh,
+# masking, scaling, embedding scale, dropout) and embedding lookups (gathers, no arithmetic). On
+# the presets that is a few percent of XLA's own count, more on tiny test configs
+# (parity_tests/models/test_flops.py measures the gap).
+#
+# Training step: 3 x forward, the usual convention (Kaplan et al., 2020; the PaLM paper's MFU):
+# the backward pass runs two products per forward product, one for the gradient of the input and
+# one for the gradient of the weight. Optimizer updates and the loss are not counted.
+#
+# Shapes: B batch, T sequence length (S source, Tt target for the encoder-decoder), C hidden size,
+# I feed-forward size, L layers, V vocabulary, P positions table, nh heads.
 
 # ----------------------------------------------------------------------------- building blocks
 

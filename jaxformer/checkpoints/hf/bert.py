@@ -1,14 +1,5 @@
-"""BERT (``model_type: bert``): four architectures, one key table, the ``config.json`` mapping.
-
-Decisions:
-
-- A ``BertModel`` checkpoint saved without ``pooler.*`` weights (all or nothing) gives a
-  ``BertModel`` built with ``add_pooler=False``, whose pooled output is None: the sequence output
-  is all such a checkpoint defines, and inventing a random pooler would be silent nonsense.
-- Base-model keys are accepted with or without the ``bert.`` prefix, never both for one weight.
-- The fields that set a weight shape (``vocab_size``, ``hidden_size``, ``num_hidden_layers``,
-  ``num_attention_heads``, ``intermediate_size``, ``max_position_embeddings``) are required:
-  a guessed bert-base size would only turn a missing field into a page of mis-shaped keys.
+"""BERT (``model_type: bert``) for the Hugging Face engine: four architectures, one key table,
+the ``config.json`` mapping. What loads and what is refused, and why: `docs/huggingface.md`.
 """
 
 from __future__ import annotations
@@ -75,6 +66,9 @@ _HEADS = {
     "BertForMaskedLM": (_mlm_head, False),
     "BertForSequenceClassification": (lambda config: linear("classifier", "classifier"), True),
 }
+# A BertModel checkpoint saved without pooler.* weights (all or nothing) gives a BertModel with
+# add_pooler=False: the sequence output is all such a checkpoint defines, and inventing a random
+# pooler would be silent nonsense.
 _OPTIONAL_POOLER = ("BertModel",)  # the classes built with add_pooler=False when it is absent
 
 

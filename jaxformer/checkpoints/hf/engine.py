@@ -1,16 +1,10 @@
-"""The key-map engine: rules, families, and the strict mapping of a checkpoint onto a model.
+"""The key-map engine of Hugging Face import and export; it knows no model family.
 
-Nothing here knows a model family. A family (``bert.py``, ``gpt2.py``) is a :class:`Family`
-object: its key table (a list of :class:`Rule`), its architectures, its ``config.json`` mapping
-and the buffers its checkpoints carry. The engine applies a table in both directions:
-
-- :func:`map_checkpoint`: checkpoint tensors -> our torch-style state_dict. Every checkpoint key
-  is matched by exactly one rule or explicitly ignored; every model key is filled exactly once
-  (a tied duplicate must equal its weight); every shape, dtype and value is checked. Any problem
-  raises :class:`CheckpointError` listing all of them, and nothing is returned.
-- :func:`to_hf_state_dict`: the inverse, for export.
-
-Reading and writing the files is ``files.py``.
+A family (`jaxformer/checkpoints/hf/bert.py`, `jaxformer/checkpoints/hf/gpt2.py`) is a
+:class:`Family`: a key table of :class:`Rule`, its architectures, its ``config.json`` mapping.
+:func:`map_checkpoint` maps checkpoint tensors onto our torch-style state_dict strictly (every key
+matched once, every shape, dtype and value checked, all problems in one :class:`CheckpointError`);
+:func:`to_hf_state_dict` is the inverse, for export. Files are read and written by ``files.py``.
 """
 
 from __future__ import annotations
@@ -233,7 +227,11 @@ def map_checkpoint(state: dict[str, np.ndarray], arch: Architecture, config,
     unused = [re.compile(p) for p in arch.ignored]
 
     sources: dict[str, list[tuple[str, bool, np.ndarray]]] = {}  # our key -> (ckpt key, tied, v)
-    unexpected, misshaped, dropped, non_floating, non_finite = [], [], [], [], []
+    unexpected: list[str] = []
+    misshaped: list[str] = []
+    dropped: list[str] = []
+    non_floating: list[str] = []
+    non_finite: list[str] = []
     claimed = set()  # model keys some checkpoint key maps to, whatever its shape or values
     for key in sorted(state):
         hits = [(m, rule, prefix) for regex, rule, prefix in table
@@ -265,7 +263,10 @@ def map_checkpoint(state: dict[str, np.ndarray], arch: Architecture, config,
             continue
         dtype_problem, finite_problem = weight_problems(key, state[key])
         if dtype_problem or finite_problem:
-            (non_floating if dtype_problem else non_finite).append(dtype_problem or finite_problem)
+            if dtype_problem:
+                non_floating.append(dtype_problem)
+            elif finite_problem:
+                non_finite.append(finite_problem)
             continue
         for target, value in zip(targets, forward(state[key])):
             sources.setdefault(target, []).append((key, rule.tied, value))

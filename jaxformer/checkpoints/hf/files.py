@@ -1,10 +1,7 @@
-"""The files of a Hugging Face model directory: reading weights and ``config.json``, and writing
-a directory atomically.
-
-Weights: ``model.safetensors``, a sharded ``model.safetensors.index.json`` or
-``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``); every tensor comes back as
-numpy, floating point as float32 (bfloat16 and float16 upcast exactly), other dtypes as they are,
-for the engine to refuse where they meet a weight.
+"""The files of a Hugging Face model directory: reading weights and ``config.json``, writing a
+directory atomically. Weights come from ``model.safetensors``, a sharded
+``model.safetensors.index.json`` or ``pytorch_model.bin`` (``torch.load(weights_only=True)``),
+always as numpy; the engine refuses what is not a weight.
 """
 
 from __future__ import annotations
@@ -14,8 +11,9 @@ import os
 import shutil
 import stat
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +28,8 @@ CONFIG = "config.json"
 
 def float_numpy(value) -> np.ndarray:
     """A tensor or array as numpy, floats as float32 (bfloat16 and float16 upcast exactly);
-    other dtypes are kept, for :func:`map_checkpoint` to refuse where they meet a weight."""
+    other dtypes are kept, for :func:`~jaxformer.checkpoints.hf.engine.map_checkpoint` to refuse
+    where they meet a weight."""
     if hasattr(value, "detach"):  # torch.Tensor, without importing torch
         value = value.detach().cpu()
         if value.is_floating_point():
@@ -44,12 +43,13 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     from safetensors import SafetensorError
 
     try:
+        tensors: Mapping[str, Any]
         try:
-            from safetensors.numpy import load_file
-            tensors = load_file(path)
+            from safetensors.numpy import load_file as load_numpy
+            tensors = load_numpy(path)
         except TypeError:  # bfloat16, which numpy lacks: read through torch
-            from safetensors.torch import load_file
-            tensors = load_file(path)
+            from safetensors.torch import load_file as load_torch
+            tensors = load_torch(path)
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"cannot read {path}: {e} (is the file truncated or "
                               f"corrupted?)") from e

@@ -1,18 +1,7 @@
-"""GPT-2 (``model_type: gpt2``): two architectures, one key table, the ``config.json`` mapping.
-
-GPT-2 stores its projections as ``Conv1D`` (weight ``[in, out]``: transposed here) and fuses
-query, key and value into ``c_attn`` (split here into our three projections).
-
-Decisions:
-
-- ``GPT2Model`` and ``GPT2LMHeadModel`` both give ``jaxformer.models.gpt.GPT`` (tied head for
-  ``GPT2Model``): ``GPT.hidden_states`` is ``GPT2Model``'s output, ``GPT(...)`` the LM logits.
-  Export always writes ``GPT2LMHeadModel``.
-- Base-model keys are accepted with or without the ``transformer.`` prefix (the original
-  ``gpt2`` checkpoint has none), never both for one weight; its ``attn.bias`` /
-  ``attn.masked_bias`` causal-mask buffers are ignored.
-- The fields that set a weight shape (``vocab_size``, ``n_embd``, ``n_layer``, ``n_head``,
-  ``n_positions``) are required; ``n_inner: null`` means ``4 * n_embd``, as in transformers.
+"""GPT-2 (``model_type: gpt2``) for the Hugging Face engine: ``GPT2Model`` and
+``GPT2LMHeadModel`` both give :class:`jaxformer.models.gpt.GPT`, export writes
+``GPT2LMHeadModel``. GPT-2's ``Conv1D`` weights are ``[in, out]`` (transposed here) and its fused
+``c_attn`` is split into our query, key and value. Decisions and reasons: `docs/huggingface.md`.
 """
 
 from __future__ import annotations
@@ -50,6 +39,8 @@ _BASE = [
     *linear(f"{_H}.mlp.c_proj", f"{_B}.feed_forward.fc2", "conv1d"),
     *layer_norm("ln_f", "final_layer_norm"),
 ]
+# GPT2Model has no LM head: our GPT's head is tied to the token embedding, GPT.hidden_states is
+# GPT2Model's output and GPT(...) the LM logits.
 _ALWAYS_TIED = ("GPT2Model",)  # no LM head of its own: ours reuses the token embedding
 
 
