@@ -57,6 +57,9 @@ for _path in (REPO, HERE):  # the scripts run from a checkout; report.py sits be
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+import report as report_io  # noqa: E402  (benchmarks/report.py, found through HERE above)
+from report import fmt, slug  # noqa: E402, F401  (harness.fmt / harness.slug for the scripts)
+
 
 def argument_parser(doc: str, *, repeats: int = 15, warmup: int = 3) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc.split("\n\n", 1)[-1],
@@ -188,17 +191,6 @@ def cpu_description() -> tuple[str, str]:
     isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
     name = info.get("model name") or platform.processor() or platform.machine()
     return name, f"family {info.get('cpu family')} model {info.get('model')}, {' '.join(isa)}"
-
-
-def fmt(x, spec: str = ".2f") -> str:
-    return "n/a" if x is None else format(x, spec)
-
-
-def slug(text: str) -> str:
-    out = "".join(c.lower() if c.isalnum() else "-" for c in text)
-    while "--" in out:
-        out = out.replace("--", "-")
-    return out.strip("-")
 
 
 def environment(args, jax, torch, jdev, tdev) -> dict:
@@ -418,7 +410,6 @@ class Bench:
 
     def finish(self) -> int:
         """Write (unless ``--no-save``) and print the report; 1 if no case was measured."""
-        import report as report_io  # benchmarks/report.py: Markdown table, PNG chart, files
         if not self.report["results"]:
             print("no case measured; nothing written.")
             return 1

@@ -39,7 +39,8 @@ JAX, TORCH = "jaxformer", "torch_ref"
 
 def _package_root(name: str) -> Path:
     spec = importlib.util.find_spec(name)  # the package that would be imported; not imported here
-    assert spec is not None and spec.origin is not None, f"cannot find the {name} package"
+    assert spec is not None, f"cannot find the {name} package"
+    assert spec.origin is not None, f"cannot find the {name} package"
     return Path(spec.origin).parent
 
 
@@ -65,7 +66,7 @@ JAX_ONLY = {
     "training/loop.py": "one training loop that drives either framework's step",
     "training/command.py": "the `jaxformer train` command",
     "generation/cli.py": "the `jaxformer generate` command (it runs either framework's generate)",
-    "sharding.py": "device meshes, logical-axis rules and jax.distributed: how JAX lays one "
+    "sharding/": "device meshes, logical-axis rules and jax.distributed: how JAX lays one "
                    "program over many devices; the torch twins run on one device, as the reference",
 }
 
@@ -73,10 +74,6 @@ JAX_ONLY = {
 # as the failure message writes it: "class C", "function f", "name N", "name N = Target",
 # "C.m()" (a method), "C.x (attribute)", "C bases (...)", "f(arg)" / "C.m(arg)" (an argument).
 INTENDED: dict[str, dict[tuple[str, str], str]] = {
-    "__init__.py": {
-        (JAX, "name MOVED"):
-            "the first release's flat module paths, redirected for users of the JAX library",
-    },
     "nn/stack.py": {
         (JAX, "LayerStack.scan_layers (attribute)"):
             "torch has no scan: its stack is always the per-layer modules (the same state dict)",

@@ -24,13 +24,13 @@ float32 whatever the checkpoint dtype; export writes float32.
 
 from __future__ import annotations
 
-import importlib
 import os
 import warnings
 from pathlib import Path
 
 import numpy as np
 
+from jaxformer import frameworks
 from jaxformer.checkpoints.hf import bert, gpt2
 from jaxformer.checkpoints.hf.engine import (
     Architecture,
@@ -119,8 +119,7 @@ def _pick_architecture(hf: dict, architecture: str | None, source: Path) -> Arch
 def _our_class(arch: Architecture, framework: str):
     if framework not in ("jax", "torch"):
         raise ValueError(f"framework must be 'jax' or 'torch', got {framework!r}")
-    package = "jaxformer" if framework == "jax" else "torch_ref"
-    return getattr(importlib.import_module(f"{package}.models.{arch.family.module}"), arch.cls)
+    return getattr(frameworks.module(framework, f"models.{arch.family.module}"), arch.cls)
 
 
 def _build(cls, config, framework: str, options: dict):
@@ -179,7 +178,8 @@ def from_pretrained(path: str | os.PathLike, framework: str = "jax", *,
 def _export_architecture(model) -> Architecture:
     cls = type(model)
     for family in FAMILIES:
-        modules = (f"jaxformer.models.{family.module}", f"torch_ref.models.{family.module}")
+        modules = tuple(f"{package}.models.{family.module}"
+                        for package in frameworks.PACKAGES.values())
         if cls.__module__ in modules and cls.__name__ in family.exports:
             return ARCHITECTURES[family.exports[cls.__name__]]
     exportable = [name for family in FAMILIES for name in family.exports]
