@@ -55,6 +55,7 @@ JAX_ONLY = {
     "checkpoints/": "weight I/O exists once: it moves weights between the twins through numpy",
     "parity/": "the main job builds both twins and compares them: the judge, not a twin",
     "cli.py": "the `jaxformer` command",
+    "frameworks.py": "the registry from a framework name to its package: it names the twins",
     "embed.py": "an application of the JAX BERT (sentence embeddings), not a building block",
     "models/flops.py": "FLOP and parameter counts from a config (standard library), for both",
     "generation/checks.py": "framework-free generation checks and tables both twins read",
