@@ -1,44 +1,48 @@
 """The shared benchmark harness: timing, environment, matmul peak, results. One piece of code for
 what every script in ``benchmarks/`` needs, so that a script holds only its workload.
 
-A script in five steps (``bench_forward.py`` is the worked example)::
-
-    import harness                                   # benchmarks/ is on sys.path for a script
-
-    parser = harness.argument_parser(__doc__)        # the common flags (see below)
-    parser.add_argument("--models", ...)             # the script's own
-    args = parser.parse_args(argv)
-    bench = harness.start(args, "train", title="Training step: ...")  # None: skipped (no GPU)
-    import jax                                       # frameworks after start(): it sets XLA_FLAGS
-    for name in cases:
-        fns = {"jaxformer": run_jax, "torch_ref": run_torch}  # zero-argument callables that
-        #                                   return when the work is done (block_until_ready/sync)
-        case = bench.measure(fns, baseline="torch_ref", tokens=..., flop=...)
-        case.update(label="GPT-2 small", shape="8 x 256", notes={"jax compile s": "12.3"})
-        bench.add(name, case)                        # prints a one-line summary
-    return bench.finish()                            # JSON + Markdown + PNG, printed table
-
-``bench.measure`` does, per case: the matmul peak (``bench.peak()``) before and after; ``--warmup``
-untimed calls of every candidate; optionally waits for a quiet machine (``--wait-quiet``); then
-``--repeats`` interleaved rounds (each round calls every candidate once, the order reversed every
-other round: ABBA), on the wall or the process-CPU clock (``--clock``), while measuring how many
-cores *other* processes kept busy; if they used more than ``--max-foreign`` it times again (at most
-``--retries`` times) and keeps the quietest attempt. Each candidate gets median, p25/p75 (IQR),
-min, max and all times; with ``tokens`` tokens/s, with ``flop`` model FLOP/s and MFU (over the
-measured device peak and over the candidate's own framework peak, ``frameworks`` naming it);
-each non-baseline candidate gets its speed over the baseline's (> 1: faster), of the medians, the
-median of per-round ratios and of the best times. Model FLOPs come from ``jaxformer.models.flops``.
-
-Results go to ``--out`` as ``<benchmark>_<device>-<cpu or gpu>[-<n>c]_<dtype>_<date>[_<tag>]``
-``.json/.md/.png`` (written by ``report.py``, which also re-renders a JSON file); a later run on
-the same day merges its cases into the same files unless ``--no-merge``; ``--no-save`` only
-prints. The environment (machine, CPU, device, versions, thread counts, matmul precision, flags,
-date) is captured by :func:`start` into ``bench.env``. Also on ``bench``: ``jdev``/``tdev`` (the
-jax and torch devices), ``sync()`` (waits for CUDA work), ``matmul(m, k, n, batch, bias)``
-(matched jax/torch matmul callables, as ``matmul_peak.py`` times them), ``footnote`` (a line
-under the table for the script's fixed conditions).
-The common flags are :func:`argument_parser`'s (``--help`` of any script lists them).
+It sits under the scripts and over ``report.py`` (the result files), which it imports; the comment
+below is the guide to writing a script with it.
 """
+
+# A script in five steps (``bench_forward.py`` is the worked example)::
+#
+#     import harness                                   # benchmarks/ is on sys.path for a script
+#
+#     parser = harness.argument_parser(__doc__)        # the common flags (see below)
+#     parser.add_argument("--models", ...)             # the script's own
+#     args = parser.parse_args(argv)
+#     bench = harness.start(args, "train", title="Training step: ...")  # None: skipped (no GPU)
+#     import jax                                       # frameworks after start(): it sets XLA_FLAGS
+#     for name in cases:
+#         fns = {"jaxformer": run_jax, "torch_ref": run_torch}  # zero-argument callables that
+#         #                                   return when the work is done (block_until_ready/sync)
+#         case = bench.measure(fns, baseline="torch_ref", tokens=..., flop=...)
+#         case.update(label="GPT-2 small", shape="8 x 256", notes={"jax compile s": "12.3"})
+#         bench.add(name, case)                        # prints a one-line summary
+#     return bench.finish()                            # JSON + Markdown + PNG, printed table
+#
+# ``bench.measure`` does, per case: the matmul peak (``bench.peak()``) before and after;
+# ``--warmup`` untimed calls of every candidate; optionally waits for a quiet machine
+# (``--wait-quiet``); then ``--repeats`` interleaved rounds (each round calls every candidate once,
+# the order reversed every other round: ABBA), on the wall or the process-CPU clock (``--clock``),
+# while measuring how many cores *other* processes kept busy; if they used more than
+# ``--max-foreign`` it times again (at most ``--retries`` times) and keeps the quietest attempt.
+# Each candidate gets median, p25/p75 (IQR), min, max and all times; with ``tokens`` tokens/s, with
+# ``flop`` model FLOP/s and MFU (over the measured device peak and over the candidate's own
+# framework peak, ``frameworks`` naming it); each non-baseline candidate gets its speed over the
+# baseline's (> 1: faster), of the medians, the median of per-round ratios and of the best times.
+# Model FLOPs come from ``jaxformer.models.flops``.
+#
+# Results go to ``--out`` as ``<benchmark>_<device>-<cpu or gpu>[-<n>c]_<dtype>_<date>[_<tag>]``
+# ``.json/.md/.png`` (written by ``report.py``, which also re-renders a JSON file); a later run on
+# the same day merges its cases into the same files unless ``--no-merge``; ``--no-save`` only
+# prints. The environment (machine, CPU, device, versions, thread counts, matmul precision, flags,
+# date) is captured by :func:`start` into ``bench.env``. Also on ``bench``: ``jdev``/``tdev`` (the
+# jax and torch devices), ``sync()`` (waits for CUDA work), ``matmul(m, k, n, batch, bias)``
+# (matched jax/torch matmul callables, as ``matmul_peak.py`` times them), ``footnote`` (a line under
+# the table for the script's fixed conditions). The common flags are :func:`argument_parser`'s
+# (``--help`` of any script lists them).
 
 from __future__ import annotations
 

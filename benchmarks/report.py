@@ -1,14 +1,14 @@
 """Result files of the benchmark harness: the Markdown table, the PNG chart, writing and merging.
 
-``harness.py`` imports this module (and its two formatting helpers, :func:`fmt` and :func:`slug`);
-this module imports nothing of the harness, so the arrow goes one way.
-
-A report is the dict ``harness.Bench`` builds: ``benchmark``, ``title``, ``command``,
-``repeats``, ``warmup``, ``environment``, ``footnote`` and ``results`` (case name -> the record of
-``Bench.measure`` plus ``label``, ``shape``, ``notes``). Files written before the harness existed
-(``format`` absent: ``bench_forward.py`` of 2026-11-22) render too: their candidates are found by
-their statistics and their ratio sits in the case itself.
+``harness.py`` imports this module (and its formatting helpers :func:`fmt` and :func:`slug`); it
+imports nothing of the harness. ``python benchmarks/report.py RESULT.json`` renders a file again.
 """
+
+# A report is the dict ``harness.Bench`` builds: ``benchmark``, ``title``, ``command``,
+# ``repeats``, ``warmup``, ``environment``, ``footnote`` and ``results`` (case name -> the record
+# of ``Bench.measure`` plus ``label``, ``shape``, ``notes``). Files written before the harness
+# existed (``format`` absent: ``bench_forward.py`` of 2026-11-22) render too: their candidates are
+# found by their statistics and their ratio sits in the case itself.
 
 from __future__ import annotations
 

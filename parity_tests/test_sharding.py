@@ -1,10 +1,9 @@
 """Sharding: the mesh, the rule table, and training over 8 devices and over two processes.
 
-The suite's process started JAX with one CPU device, so the 8-device cases run in one subprocess
-(``sharding_worker.py``, all cases, one import and one single-device reference) and the
-two-process case through ``python -m jaxformer.sharding launch`` (two processes of 4 devices
-each, joined by JAX's distributed runtime). Both are bounded in time and leave no process behind.
-DESIGN.md: sharded vs one device, losses equal to 1e-5 relative over 20 steps.
+The suite's process runs JAX on one CPU device, so the 8-device cases run in one subprocess
+(``sharding_worker.py``) and the two-process case through ``python -m jaxformer.sharding launch``
+(two processes of 4 devices, joined by JAX's distributed runtime), bounded in time, leaving no
+process behind. DESIGN.md: sharded vs one device, losses equal to 1e-5 relative over 20 steps.
 """
 
 from __future__ import annotations

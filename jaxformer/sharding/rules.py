@@ -13,6 +13,20 @@ from collections.abc import Mapping
 import jax
 from jax.sharding import PartitionSpec
 
+# The mesh has three axes, always in this order:
+# - data: data parallelism. Each slice of the batch on its own group of devices, the weights whole
+#   on every one; the gradients are averaged across the groups.
+# - fsdp: fully sharded data parallelism (ZeRO-3). The batch is split here too, and so are the
+#   weights and the optimizer state (along their "embed" axis); each layer's weights are gathered
+#   just before use.
+# - tensor: Megatron-style tensor parallelism. The attention heads, the feed-forward's
+#   intermediate units and the vocabulary are split: query/key/value and fc1 are column-parallel
+#   (their output axis split), the attention output projection and fc2 row-parallel (their input
+#   axis split), so each sub-layer needs one all-reduce.
+# XLA's SPMD partitioner inserts the collectives: the model code is the same with or without a
+# mesh, and numerically the same up to the order of float32 sums. A dimension that the mesh axes
+# of its rule do not divide (a vocabulary of 101 over tensor=2) is kept whole on every device for
+# that weight: correct, only less memory saved.
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # Logical axis -> the mesh axes that split it (None: never split). The one table.

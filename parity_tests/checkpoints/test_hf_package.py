@@ -1,10 +1,8 @@
 """The ``jaxformer.checkpoints.hf`` package: its public names, and the claim that a family is one
-object registered in one place (the engine knows none).
-
-A made-up family, ``toybert`` (our BertModel under other key names and a config.json of its
-own), is added to the registry the way a real one would be, and a checkpoint written through the
-engine's export direction loads back bit-identically: nothing outside the family object had to
-change.
+object registered in one place (the engine knows none). A made-up family, ``toybert`` (our
+BertModel under other key names and a config.json of its own), is registered the way a real one
+would be, and a checkpoint written through the engine's export direction loads back
+bit-identically: nothing outside the family object had to change.
 """
 
 from __future__ import annotations

@@ -1,26 +1,27 @@
 """Hugging Face checkpoints in and out: BERT (four architectures) and GPT-2 (two).
 
-``from_pretrained(directory)`` reads a local Hugging Face model directory (``config.json`` plus
-``model.safetensors``, a sharded ``model.safetensors.index.json`` or ``pytorch_model.bin``),
-builds the matching jaxformer model (or its ``torch_ref`` twin) and loads the weights.
-``save_pretrained(model, directory)`` writes a directory that ``transformers`` loads into the
-matching class with the same outputs.
-
-The package: ``engine`` applies key tables (tunix-style: checkpoint key pattern -> our
-torch-style key(s) plus a named transform; ``jaxformer.checkpoints.convert`` then applies its four
-leaf rules), ``files`` reads and writes the directory, and one file per family (``bert``,
-``gpt2``) holds its table, architectures, ``config.json`` mapping and buffers. A new family is
-one new file whose ``FAMILY`` is added to :data:`FAMILIES` below.
-
-Loading is strict (see ``engine.map_checkpoint``): every checkpoint key matched once or explicitly
-ignored (buffers; heads an architecture does not use, dropped with a warning), every model key
-filled once (a tied duplicate must equal its weight), every shape checked, and only finite
-floating-point weights accepted. Anything else raises :class:`CheckpointError` listing every
-problem, and nothing is loaded. ``config.json`` fields that set a weight shape are required (a
-missing or non-integer one is a :class:`CheckpointError` naming field and file); fields asking for
-a computation jaxformer does not implement raise :class:`UnsupportedConfigError`. Weights load as
-float32 whatever the checkpoint dtype; export writes float32.
+``from_pretrained(directory)`` reads a local Hugging Face model directory into a jaxformer model
+(or, with ``framework="torch"``, its twin, named through ``jaxformer.frameworks``);
+``save_pretrained(model, directory)`` writes one that ``transformers`` loads with the same outputs.
 """
+
+# A directory holds ``config.json`` plus ``model.safetensors``, a sharded
+# ``model.safetensors.index.json`` or ``pytorch_model.bin``.
+#
+# The package: ``engine`` applies key tables (tunix-style: checkpoint key pattern -> our
+# torch-style key(s) plus a named transform; ``jaxformer.checkpoints.convert`` then applies its four
+# leaf rules), ``files`` reads and writes the directory, and one file per family (``bert``,
+# ``gpt2``) holds its table, architectures, ``config.json`` mapping and buffers. A new family is
+# one new file whose ``FAMILY`` is added to :data:`FAMILIES` below.
+#
+# Loading is strict (see ``engine.map_checkpoint``): every checkpoint key matched once or explicitly
+# ignored (buffers; heads an architecture does not use, dropped with a warning), every model key
+# filled once (a tied duplicate must equal its weight), every shape checked, and only finite
+# floating-point weights accepted. Anything else raises :class:`CheckpointError` listing every
+# problem, and nothing is loaded. ``config.json`` fields that set a weight shape are required (a
+# missing or non-integer one is a :class:`CheckpointError` naming field and file); fields asking for
+# a computation jaxformer does not implement raise :class:`UnsupportedConfigError`. Weights load as
+# float32 whatever the checkpoint dtype; export writes float32.
 
 from __future__ import annotations
 
