@@ -1,44 +1,48 @@
 """The shared benchmark harness: timing, environment, matmul peak, results. One piece of code for
 what every script in ``benchmarks/`` needs, so that a script holds only its workload.
 
-A script in five steps (``bench_forward.py`` is the worked example)::
-
-    import harness                                   # benchmarks/ is on sys.path for a script
-
-    parser = harness.argument_parser(__doc__)        # the common flags (see below)
-    parser.add_argument("--models", ...)             # the script's own
-    args = parser.parse_args(argv)
-    bench = harness.start(args, "train", title="Training step: ...")  # None: skipped (no GPU)
-    import jax                                       # frameworks after start(): it sets XLA_FLAGS
-    for name in cases:
-        fns = {"jaxformer": run_jax, "torch_ref": run_torch}  # zero-argument callables that
-        #                                   return when the work is done (block_until_ready/sync)
-        case = bench.measure(fns, baseline="torch_ref", tokens=..., flop=...)
-        case.update(label="GPT-2 small", shape="8 x 256", notes={"jax compile s": "12.3"})
-        bench.add(name, case)                        # prints a one-line summary
-    return bench.finish()                            # JSON + Markdown + PNG, printed table
-
-``bench.measure`` does, per case: the matmul peak (``bench.peak()``) before and after; ``--warmup``
-untimed calls of every candidate; optionally waits for a quiet machine (``--wait-quiet``); then
-``--repeats`` interleaved rounds (each round calls every candidate once, the order reversed every
-other round: ABBA), on the wall or the process-CPU clock (``--clock``), while measuring how many
-cores *other* processes kept busy; if they used more than ``--max-foreign`` it times again (at most
-``--retries`` times) and keeps the quietest attempt. Each candidate gets median, p25/p75 (IQR),
-min, max and all times; with ``tokens`` tokens/s, with ``flop`` model FLOP/s and MFU (over the
-measured device peak and over the candidate's own framework peak, ``frameworks`` naming it);
-each non-baseline candidate gets its speed over the baseline's (> 1: faster), of the medians, the
-median of per-round ratios and of the best times. Model FLOPs come from ``jaxformer.models.flops``.
-
-Results go to ``--out`` as ``<benchmark>_<device>-<cpu or gpu>[-<n>c]_<dtype>_<date>[_<tag>]``
-``.json/.md/.png`` (written by ``report.py``, which also re-renders a JSON file); a later run on
-the same day merges its cases into the same files unless ``--no-merge``; ``--no-save`` only
-prints. The environment (machine, CPU, device, versions, thread counts, matmul precision, flags,
-date) is captured by :func:`start` into ``bench.env``. Also on ``bench``: ``jdev``/``tdev`` (the
-jax and torch devices), ``sync()`` (waits for CUDA work), ``matmul(m, k, n, batch, bias)``
-(matched jax/torch matmul callables, as ``matmul_peak.py`` times them), ``footnote`` (a line
-under the table for the script's fixed conditions).
-The common flags are :func:`argument_parser`'s (``--help`` of any script lists them).
+It sits under the scripts and over ``report.py`` (the result files), which it imports; the comment
+below is the guide to writing a script with it.
 """
+
+# A script in five steps (``bench_forward.py`` is the worked example)::
+#
+#     import harness                                   # benchmarks/ is on sys.path for a script
+#
+#     parser = harness.argument_parser(__doc__)        # the common flags (see below)
+#     parser.add_argument("--models", ...)             # the script's own
+#     args = parser.parse_args(argv)
+#     bench = harness.start(args, "train", title="Training step: ...")  # None: skipped (no GPU)
+#     import jax                                       # frameworks after start(): it sets XLA_FLAGS
+#     for name in cases:
+#         fns = {"jaxformer": run_jax, "torch_ref": run_torch}  # zero-argument callables that
+#         #                                   return when the work is done (block_until_ready/sync)
+#         case = bench.measure(fns, baseline="torch_ref", tokens=..., flop=...)
+#         case.update(label="GPT-2 small", shape="8 x 256", notes={"jax compile s": "12.3"})
+#         bench.add(name, case)                        # prints a one-line summary
+#     return bench.finish()                            # JSON + Markdown + PNG, printed table
+#
+# ``bench.measure`` does, per case: the matmul peak (``bench.peak()``) before and after;
+# ``--warmup`` untimed calls of every candidate; optionally waits for a quiet machine
+# (``--wait-quiet``); then ``--repeats`` interleaved rounds (each round calls every candidate once,
+# the order reversed every other round: ABBA), on the wall or the process-CPU clock (``--clock``),
+# while measuring how many cores *other* processes kept busy; if they used more than
+# ``--max-foreign`` it times again (at most ``--retries`` times) and keeps the quietest attempt.
+# Each candidate gets median, p25/p75 (IQR), min, max and all times; with ``tokens`` tokens/s, with
+# ``flop`` model FLOP/s and MFU (over the measured device peak and over the candidate's own
+# framework peak, ``frameworks`` naming it); each non-baseline candidate gets its speed over the
+# baseline's (> 1: faster), of the medians, the median of per-round ratios and of the best times.
+# Model FLOPs come from ``jaxformer.models.flops``.
+#
+# Results go to ``--out`` as ``<benchmark>_<device>-<cpu or gpu>[-<n>c]_<dtype>_<date>[_<tag>]``
+# ``.json/.md/.png`` (written by ``report.py``, which also re-renders a JSON file); a later run on
+# the same day merges its cases into the same files unless ``--no-merge``; ``--no-save`` only
+# prints. The environment (machine, CPU, device, versions, thread counts, matmul precision, flags,
+# date) is captured by :func:`start` into ``bench.env``. Also on ``bench``: ``jdev``/``tdev`` (the
+# jax and torch devices), ``sync()`` (waits for CUDA work), ``matmul(m, k, n, batch, bias)``
+# (matched jax/torch matmul callables, as ``matmul_peak.py`` times them), ``footnote`` (a line under
+# the table for the script's fixed conditions). The common flags are :func:`argument_parser`'s
+# (``--help`` of any script lists them).
 
 from __future__ import annotations
 
@@ -56,6 +60,9 @@ REPO = HERE.parent
 for _path in (REPO, HERE):  # the scripts run from a checkout; report.py sits beside this file
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
+
+import report as report_io  # noqa: E402  (benchmarks/report.py, found through HERE above)
+from report import fmt, slug  # noqa: E402, F401  (harness.fmt / harness.slug for the scripts)
 
 
 def argument_parser(doc: str, *, repeats: int = 15, warmup: int = 3) -> argparse.ArgumentParser:
@@ -188,17 +195,6 @@ def cpu_description() -> tuple[str, str]:
     isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
     name = info.get("model name") or platform.processor() or platform.machine()
     return name, f"family {info.get('cpu family')} model {info.get('model')}, {' '.join(isa)}"
-
-
-def fmt(x, spec: str = ".2f") -> str:
-    return "n/a" if x is None else format(x, spec)
-
-
-def slug(text: str) -> str:
-    out = "".join(c.lower() if c.isalnum() else "-" for c in text)
-    while "--" in out:
-        out = out.replace("--", "-")
-    return out.strip("-")
 
 
 def environment(args, jax, torch, jdev, tdev) -> dict:
@@ -418,7 +414,6 @@ class Bench:
 
     def finish(self) -> int:
         """Write (unless ``--no-save``) and print the report; 1 if no case was measured."""
-        import report as report_io  # benchmarks/report.py: Markdown table, PNG chart, files
         if not self.report["results"]:
             print("no case measured; nothing written.")
             return 1

@@ -1,19 +1,30 @@
 """Result files of the benchmark harness: the Markdown table, the PNG chart, writing and merging.
 
-A report is the dict ``harness.Bench`` builds: ``benchmark``, ``title``, ``command``,
-``repeats``, ``warmup``, ``environment``, ``footnote`` and ``results`` (case name -> the record of
-``Bench.measure`` plus ``label``, ``shape``, ``notes``). Files written before the harness existed
-(``format`` absent: ``bench_forward.py`` of 2026-11-22) render too: their candidates are found by
-their statistics and their ratio sits in the case itself.
+``harness.py`` imports this module (and its formatting helpers :func:`fmt` and :func:`slug`); it
+imports nothing of the harness. ``python benchmarks/report.py RESULT.json`` renders a file again.
 """
+
+# A report is the dict ``harness.Bench`` builds: ``benchmark``, ``title``, ``command``,
+# ``repeats``, ``warmup``, ``environment``, ``footnote`` and ``results`` (case name -> the record
+# of ``Bench.measure`` plus ``label``, ``shape``, ``notes``). Files written before the harness
+# existed (``format`` absent: ``bench_forward.py`` of 2026-11-22) render too: their candidates are
+# found by their statistics and their ratio sits in the case itself.
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from harness import fmt as _fmt
-from harness import slug
+
+def fmt(x, spec: str = ".2f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def slug(text: str) -> str:
+    out = "".join(c.lower() if c.isalnum() else "-" for c in text)
+    while "--" in out:
+        out = out.replace("--", "-")
+    return out.strip("-")
 
 
 def candidates(case: dict) -> list[str]:
@@ -79,9 +90,9 @@ def markdown(report: dict) -> str:
                 f"| {case.get('label', name) if i == 0 else ''} | "
                 f"{case.get('shape', _shape(case)) if i == 0 else ''} | {k} | "
                 f"{1e3 * s['median_s']:.2f} [{1e3 * s['p25_s']:.2f}-{1e3 * s['p75_s']:.2f}] | "
-                f"{1e3 * s['min_s']:.2f} | {_fmt(s.get('tokens_per_s'), ',.0f')} | "
-                f"{_fmt(gflops and gflops / 1e9, '.1f')} | "
-                f"{_fmt(mfu and 100 * mfu, '.1f')}{'%' if mfu else ''} | {ratio} |")
+                f"{1e3 * s['min_s']:.2f} | {fmt(s.get('tokens_per_s'), ',.0f')} | "
+                f"{fmt(gflops and gflops / 1e9, '.1f')} | "
+                f"{fmt(mfu and 100 * mfu, '.1f')}{'%' if mfu else ''} | {ratio} |")
     notes = list(dict.fromkeys(k for c in results.values() for k in c.get("notes", {})))
     lines += ["", "| case | model GFLOP/call | " + "".join(f"{n} | " for n in notes)
               + "matmul peak jax / torch (GFLOP/s, best) | device peak | other processes' cores "
@@ -90,14 +101,14 @@ def markdown(report: dict) -> str:
     for name, case in results.items():
         p = case.get("peak")
         peak = (f"{p['jax']['best_flops'] / 1e9:.1f} / "
-                f"{_fmt(p.get('torch', {}).get('best_flops', 0) / 1e9 or None, '.1f')} "
+                f"{fmt(p.get('torch', {}).get('best_flops', 0) / 1e9 or None, '.1f')} "
                 f"({p['size']}^3 {p['dtype']})" if p else "n/a")
         flop = case.get("model_flop")
         lines.append(
-            f"| {name} | {_fmt(flop and flop / 1e9, '.4g')} | "
+            f"| {name} | {fmt(flop and flop / 1e9, '.4g')} | "
             + "".join(f"{case.get('notes', {}).get(n, '')} | " for n in notes)
-            + f"{peak} | {_fmt(p and p['device_peak_flops'] / 1e9, '.1f')} | "
-            f"{_fmt(case.get('foreign_cores_during_timing'))} | {case.get('loadavg_before')} / "
+            + f"{peak} | {fmt(p and p['device_peak_flops'] / 1e9, '.1f')} | "
+            f"{fmt(case.get('foreign_cores_during_timing'))} | {case.get('loadavg_before')} / "
             f"{case.get('loadavg_after')} | {case.get('measured_at_utc')} |")
     commands = sorted({c.get("command", report["command"]) for c in results.values()})
     lines += ["", "Command" + ("s" if len(commands) > 1 else "") + ": "

@@ -39,7 +39,8 @@ JAX, TORCH = "jaxformer", "torch_ref"
 
 def _package_root(name: str) -> Path:
     spec = importlib.util.find_spec(name)  # the package that would be imported; not imported here
-    assert spec is not None and spec.origin is not None, f"cannot find the {name} package"
+    assert spec is not None, f"cannot find the {name} package"
+    assert spec.origin is not None, f"cannot find the {name} package"
     return Path(spec.origin).parent
 
 
@@ -54,6 +55,7 @@ JAX_ONLY = {
     "checkpoints/": "weight I/O exists once: it moves weights between the twins through numpy",
     "parity/": "the main job builds both twins and compares them: the judge, not a twin",
     "cli.py": "the `jaxformer` command",
+    "frameworks.py": "the registry from a framework name to its package: it names the twins",
     "embed.py": "an application of the JAX BERT (sentence embeddings), not a building block",
     "models/flops.py": "FLOP and parameter counts from a config (standard library), for both",
     "generation/checks.py": "framework-free generation checks and tables both twins read",
@@ -65,7 +67,7 @@ JAX_ONLY = {
     "training/loop.py": "one training loop that drives either framework's step",
     "training/command.py": "the `jaxformer train` command",
     "generation/cli.py": "the `jaxformer generate` command (it runs either framework's generate)",
-    "sharding.py": "device meshes, logical-axis rules and jax.distributed: how JAX lays one "
+    "sharding/": "device meshes, logical-axis rules and jax.distributed: how JAX lays one "
                    "program over many devices; the torch twins run on one device, as the reference",
 }
 
@@ -73,10 +75,6 @@ JAX_ONLY = {
 # as the failure message writes it: "class C", "function f", "name N", "name N = Target",
 # "C.m()" (a method), "C.x (attribute)", "C bases (...)", "f(arg)" / "C.m(arg)" (an argument).
 INTENDED: dict[str, dict[tuple[str, str], str]] = {
-    "__init__.py": {
-        (JAX, "name MOVED"):
-            "the first release's flat module paths, redirected for users of the JAX library",
-    },
     "nn/stack.py": {
         (JAX, "LayerStack.scan_layers (attribute)"):
             "torch has no scan: its stack is always the per-layer modules (the same state dict)",

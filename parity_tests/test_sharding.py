@@ -1,10 +1,9 @@
 """Sharding: the mesh, the rule table, and training over 8 devices and over two processes.
 
-The suite's process started JAX with one CPU device, so the 8-device cases run in one subprocess
-(``tools/sharding_worker.py``, all cases, one import and one single-device reference) and the
-two-process case through ``python -m jaxformer.sharding launch`` (two processes of 4 devices
-each, joined by JAX's distributed runtime). Both are bounded in time and leave no process behind.
-DESIGN.md: sharded vs one device, losses equal to 1e-5 relative over 20 steps.
+The suite's process runs JAX on one CPU device, so the 8-device cases run in one subprocess
+(``tools/sharding_worker.py``) and the two-process case through ``python -m jaxformer.sharding launch``
+(two processes of 4 devices, joined by JAX's distributed runtime), bounded in time, leaving no
+process behind. DESIGN.md: sharded vs one device, losses equal to 1e-5 relative over 20 steps.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from jaxformer.config import BertConfig, GPTConfig, TransformerConfig
 from jaxformer.models.bert import BertForPreTraining
 from jaxformer.models.encoder_decoder import Transformer
 from jaxformer.models.gpt import GPT
+from jaxformer.sharding import demo
 
 ROOT = Path(__file__).resolve().parent.parent
 LOSS_RTOL = 1e-5
@@ -124,7 +124,7 @@ def eight_devices() -> dict:
     except subprocess.TimeoutExpired:  # subprocess.run kills the worker
         pytest.fail(f"the 8-device worker did not finish in {TIMEOUT} s")
     assert run.returncode == 0, run.stderr[-4000:]
-    return sharding.result(run.stdout)
+    return demo.result(run.stdout)
 
 
 @pytest.mark.parametrize("mesh", ["data=8", "fsdp=8", "data=2,tensor=4",
@@ -190,9 +190,9 @@ def test_generate_sharded_equals_one_device(eight_devices):
 
 def test_two_processes_equal_one(eight_devices, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", FAST_COMPILE)  # as the reference run in the worker
-    outputs = sharding.launch(2, 4, ["--mesh", "data=2,fsdp=2,tensor=2", "--steps", "20"],
-                              timeout=TIMEOUT)
-    runs = [sharding.result(out) for out in outputs]
+    outputs = demo.launch(2, 4, ["--mesh", "data=2,fsdp=2,tensor=2", "--steps", "20"],
+                          timeout=TIMEOUT)
+    runs = [demo.result(out) for out in outputs]
     assert [r["process"] for r in runs] == [0, 1]
     assert all(r["processes"] == 2 and r["devices"] == 8 for r in runs)
     assert runs[0]["losses"] == runs[1]["losses"]

@@ -5,5 +5,3 @@ leaf name), so ``jaxformer.checkpoints.convert`` moves weights between them by f
 From ``jaxformer`` it imports only the framework-free modules (``config``, ``validate``,
 ``numerics``), never JAX code.
 """
-
-import jaxformer  # noqa: F401  (standard library only; registers the moved-module aliases)

@@ -2,7 +2,8 @@
 same padded inputs, every component compared, then the full model against a float64 run.
 
 Each builder yields :class:`jaxformer.parity.compare.Row`; padded query rows are left out
-wherever a component's output has them.
+wherever a component's output has them. The twins come through ``jaxformer.frameworks`` (never a
+``torch_ref`` import): the only arrows between the packages go from ``torch_ref`` to ``jaxformer``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 from flax import nnx
 
+from jaxformer import frameworks
 from jaxformer.checkpoints import convert
 from jaxformer.config import BertConfig, GPTConfig, TransformerConfig
 from jaxformer.nn.jit import jitted
@@ -57,8 +59,9 @@ def full_model(family: str, model: str, names, torch_model, jax_model, inputs,
 def bert_rows(preset: str, seed: int) -> Iterator[Row]:
     from jaxformer.models import bert as jb
     from jaxformer.nn import masks as jmasks
-    from torch_ref.models import bert as tb
-    from torch_ref.nn import masks as tmasks
+
+    tb = frameworks.module("torch", "models.bert")
+    tmasks = frameworks.module("torch", "nn.masks")
 
     cfg = BertConfig.tiny() if preset == "tiny" else BertConfig.base()
     rng = np.random.RandomState(seed)
@@ -99,8 +102,9 @@ def bert_rows(preset: str, seed: int) -> Iterator[Row]:
 def gpt_rows(preset: str, seed: int) -> Iterator[Row]:
     from jaxformer.models import gpt as jg
     from jaxformer.nn import masks as jmasks
-    from torch_ref.models import gpt as tg
-    from torch_ref.nn import masks as tmasks
+
+    tg = frameworks.module("torch", "models.gpt")
+    tmasks = frameworks.module("torch", "nn.masks")
 
     cfg = GPTConfig.tiny() if preset == "tiny" else GPTConfig.gpt2()
     rng = np.random.RandomState(seed)
@@ -133,8 +137,9 @@ def gpt_rows(preset: str, seed: int) -> Iterator[Row]:
 def transformer_rows(preset: str, seed: int) -> Iterator[Row]:
     from jaxformer.models import encoder_decoder as je
     from jaxformer.nn import masks as jmasks
-    from torch_ref.models import encoder_decoder as te
-    from torch_ref.nn import masks as tmasks
+
+    te = frameworks.module("torch", "models.encoder_decoder")
+    tmasks = frameworks.module("torch", "nn.masks")
 
     cfg = TransformerConfig.tiny() if preset == "tiny" else TransformerConfig.base()
     rng = np.random.RandomState(seed)

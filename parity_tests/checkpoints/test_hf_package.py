@@ -1,18 +1,14 @@
-"""The ``jaxformer.checkpoints.hf`` package: its public names, the old ``jaxformer.hf`` path, and
-the claim that a family is one object registered in one place (the engine knows none).
-
-A made-up family, ``toybert`` (our BertModel under other key names and a config.json of its
-own), is added to the registry the way a real one would be, and a checkpoint written through the
-engine's export direction loads back bit-identically: nothing outside the family object had to
-change.
+"""The ``jaxformer.checkpoints.hf`` package: its public names, and the claim that a family is one
+object registered in one place (the engine knows none). A made-up family, ``toybert`` (our
+BertModel under other key names and a config.json of its own), is registered the way a real one
+would be, and a checkpoint written through the engine's export direction loads back
+bit-identically: nothing outside the family object had to change.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
-import warnings
 
 import numpy as np
 import pytest
@@ -31,13 +27,9 @@ PUBLIC = ("from_pretrained", "save_pretrained", "CheckpointError", "UnsupportedC
           "Rule")
 
 
-def test_public_names_and_the_old_path():
+def test_public_names():
     for name in PUBLIC:
         assert hasattr(hf, name), name
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        old = importlib.import_module("jaxformer.hf")
-    assert old is hf
     assert issubclass(hf.CheckpointError, ValueError)
     assert issubclass(hf.UnsupportedConfigError, ValueError)
     assert set(hf.ARCHITECTURES) == {"BertModel", "BertForPreTraining", "BertForMaskedLM",

@@ -21,6 +21,7 @@ from flax import nnx
 
 from jaxformer import sharding
 from jaxformer.generation import generate
+from jaxformer.sharding import demo
 from jaxformer.training.checkpoint import Checkpointer
 
 STEPS = 20
@@ -38,7 +39,7 @@ def spec(x) -> list:
 def placements(trainer) -> dict:
     params = trainer._params
     block = params["blocks"]
-    block = block[0] if 0 in block else block  # a list of blocks, or one scanned stack
+    block = block[0] if 0 in block else block  # noqa: SIM401 (a State of blocks or one stack)
     mu = trainer._opt_state
     mu_params = next(s.mu for s in jax.tree.leaves(mu, is_leaf=lambda s: hasattr(s, "mu"))
                      if hasattr(s, "mu"))
@@ -58,7 +59,7 @@ def placements(trainer) -> dict:
 
 
 def train(mesh: str, steps: int = STEPS):
-    trainer, dataset = sharding.demo_trainer(mesh, steps)
+    trainer, dataset = demo.demo_trainer(mesh, steps)
     return trainer, dataset, [trainer(dataset.update_batch(i))["loss"] for i in range(steps)]
 
 
@@ -86,7 +87,7 @@ def main() -> None:
         checkpointer.save(source, {"step": source.step})
         restored = {}
         for target in ("fsdp=8", "none"):
-            trainer, _ = sharding.demo_trainer(target, STEPS)
+            trainer, _ = demo.demo_trainer(target, STEPS)
             checkpointer.restore(trainer)
             restored[target] = {
                 "step": trainer.step,

@@ -1,36 +1,37 @@
 """Hugging Face checkpoints in and out: BERT (four architectures) and GPT-2 (two).
 
-``from_pretrained(directory)`` reads a local Hugging Face model directory (``config.json`` plus
-``model.safetensors``, a sharded ``model.safetensors.index.json`` or ``pytorch_model.bin``),
-builds the matching jaxformer model (or its ``torch_ref`` twin) and loads the weights.
-``save_pretrained(model, directory)`` writes a directory that ``transformers`` loads into the
-matching class with the same outputs.
-
-The package: ``engine`` applies key tables (tunix-style: checkpoint key pattern -> our
-torch-style key(s) plus a named transform; ``jaxformer.checkpoints.convert`` then applies its four
-leaf rules), ``files`` reads and writes the directory, and one file per family (``bert``,
-``gpt2``) holds its table, architectures, ``config.json`` mapping and buffers. A new family is
-one new file whose ``FAMILY`` is added to :data:`FAMILIES` below.
-
-Loading is strict (see ``engine.map_checkpoint``): every checkpoint key matched once or explicitly
-ignored (buffers; heads an architecture does not use, dropped with a warning), every model key
-filled once (a tied duplicate must equal its weight), every shape checked, and only finite
-floating-point weights accepted. Anything else raises :class:`CheckpointError` listing every
-problem, and nothing is loaded. ``config.json`` fields that set a weight shape are required (a
-missing or non-integer one is a :class:`CheckpointError` naming field and file); fields asking for
-a computation jaxformer does not implement raise :class:`UnsupportedConfigError`. Weights load as
-float32 whatever the checkpoint dtype; export writes float32.
+``from_pretrained(directory)`` reads a local Hugging Face model directory into a jaxformer model
+(or, with ``framework="torch"``, its twin, named through ``jaxformer.frameworks``);
+``save_pretrained(model, directory)`` writes one that ``transformers`` loads with the same outputs.
 """
+
+# A directory holds ``config.json`` plus ``model.safetensors``, a sharded
+# ``model.safetensors.index.json`` or ``pytorch_model.bin``.
+#
+# The package: ``engine`` applies key tables (tunix-style: checkpoint key pattern -> our
+# torch-style key(s) plus a named transform; ``jaxformer.checkpoints.convert`` then applies its four
+# leaf rules), ``files`` reads and writes the directory, and one file per family (``bert``,
+# ``gpt2``) holds its table, architectures, ``config.json`` mapping and buffers. A new family is
+# one new file whose ``FAMILY`` is added to :data:`FAMILIES` below.
+#
+# Loading is strict (see ``engine.map_checkpoint``): every checkpoint key matched once or explicitly
+# ignored (buffers; heads an architecture does not use, dropped with a warning), every model key
+# filled once (a tied duplicate must equal its weight), every shape checked, and only finite
+# floating-point weights accepted. Anything else raises :class:`CheckpointError` listing every
+# problem, and nothing is loaded. ``config.json`` fields that set a weight shape are required (a
+# missing or non-integer one is a :class:`CheckpointError` naming field and file); fields asking for
+# a computation jaxformer does not implement raise :class:`UnsupportedConfigError`. Weights load as
+# float32 whatever the checkpoint dtype; export writes float32.
 
 from __future__ import annotations
 
-import importlib
 import os
 import warnings
 from pathlib import Path
 
 import numpy as np
 
+from jaxformer import frameworks
 from jaxformer.checkpoints.hf import bert, gpt2
 from jaxformer.checkpoints.hf.engine import (
     Architecture,
@@ -119,8 +120,7 @@ def _pick_architecture(hf: dict, architecture: str | None, source: Path) -> Arch
 def _our_class(arch: Architecture, framework: str):
     if framework not in ("jax", "torch"):
         raise ValueError(f"framework must be 'jax' or 'torch', got {framework!r}")
-    package = "jaxformer" if framework == "jax" else "torch_ref"
-    return getattr(importlib.import_module(f"{package}.models.{arch.family.module}"), arch.cls)
+    return getattr(frameworks.module(framework, f"models.{arch.family.module}"), arch.cls)
 
 
 def _build(cls, config, framework: str, options: dict):
@@ -179,7 +179,8 @@ def from_pretrained(path: str | os.PathLike, framework: str = "jax", *,
 def _export_architecture(model) -> Architecture:
     cls = type(model)
     for family in FAMILIES:
-        modules = (f"jaxformer.models.{family.module}", f"torch_ref.models.{family.module}")
+        modules = tuple(f"{package}.models.{family.module}"
+                        for package in frameworks.PACKAGES.values())
         if cls.__module__ in modules and cls.__name__ in family.exports:
             return ARCHITECTURES[family.exports[cls.__name__]]
     exportable = [name for family in FAMILIES for name in family.exports]
