@@ -7,6 +7,8 @@ are pinned here, before any test builds a model.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -16,6 +18,8 @@ import pytest
 import torch
 from hypothesis import settings
 
+from parity_tests.support import bounds
+
 jax.config.update("jax_default_matmul_precision", "highest")
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
@@ -23,6 +27,26 @@ torch.set_float32_matmul_precision("highest")
 
 settings.register_profile("parity", max_examples=15, deadline=None, derandomize=True)
 settings.load_profile("parity")
+
+if os.environ.get(bounds.MARGINS_ENV):  # a margins run (parity_tests/tools/margins.py)
+    _assert_allclose = np.testing.assert_allclose
+
+    def _recorded_assert_allclose(actual, desired, rtol=1e-7, atol=0, *args, **kwargs):
+        caller = sys._getframe(1)
+        where = f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno}"
+        measured, bound = bounds.allclose_margin(actual, desired, rtol, atol)
+        bounds.record(measured, bound, f"assert_allclose(rtol={rtol:g}, atol={atol:g})", where)
+        return _assert_allclose(actual, desired, rtol, atol, *args, **kwargs)
+
+    np.testing.assert_allclose = _recorded_assert_allclose
+
+
+def pytest_assertion_pass(item, lineno, orig, expl):
+    """In a margins run (``-o enable_assertion_pass_hook=true``), records every passing
+    ``assert measured <= bound`` between numbers."""
+    pair = bounds.comparison(expl) if os.environ.get(bounds.MARGINS_ENV) else None
+    if pair is not None:
+        bounds.record(*pair, what=orig, where=f"{item.path.name}:{lineno}")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -8,6 +8,8 @@ file for ``jaxformer train``) serves ``training/test_cli.py`` and ``models/test_
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from flax import nnx
 
@@ -35,13 +37,15 @@ def corpus(family: str, lines: int = 80) -> str:
     return "\n".join(out) + "\n"
 
 
-def twin_steps(family: str, config: TrainConfig, seed: int = 0):
-    """The JAX and torch steps of ``family`` from identical weights, and the training data."""
+def twin_steps(family: str, config: TrainConfig, seed: int = 0, **model_changes):
+    """The JAX and torch steps of ``family`` from identical weights, and the training data.
+    ``model_changes``: fields of the tiny preset's model config to replace."""
     text = corpus(family)
     tokenizer = vocab.wordpiece_tokenizer(text.splitlines(), 120)
     dataset, _ = data.build_datasets(family, text, tokenizer, config)
-    model_cfg = model_config(family, "tiny", vocab_size=tokenizer.get_vocab_size(), pad_id=0,
-                             num_labels=dataset.num_labels, dropout=0.0)
+    model_cfg = dataclasses.replace(
+        model_config(family, "tiny", vocab_size=tokenizer.get_vocab_size(), pad_id=0,
+                     num_labels=dataset.num_labels, dropout=0.0), **model_changes)
     torch_model = torch_build_model(family, model_cfg, seed)
     jax_model = convert.abstract_model(lambda: MODELS[family](model_cfg, rngs=nnx.Rngs(seed)))
     convert.torch_to_nnx(torch_model.state_dict(), jax_model)

@@ -1,21 +1,27 @@
 """Trajectory parity: 100 AdamW steps of each family's objective, JAX (optax) against the torch
-twin (torch.optim.AdamW), from the same weights on the same host-side batches, dropout 0.
+twin (torch.optim.AdamW), from the same weights on the same host-side batches, dropout 0, with a
+float64 run of the torch twin beside them as the exact reference.
 
 Warm-up, decay (a different schedule per family), the weight-decay mask and clipping are all
 active; the BERT run accumulates gradients over two micro-batches. Bounds (DESIGN.md): per-step
 losses equal to 1e-5 relative for the first 10 steps and 1e-4 over 100; parameters equal to 1e-4
-relative in global L2 after 100 steps. The measured divergence curve is printed (``pytest -s``)
-and recorded in docs/training.md.
+relative in global L2 after 100 steps, over every parameter whose exact gradient is not zero
+(``support.bounds.zero_gradient``). The measured curves are printed (``pytest -s``); the margins
+on several CPUs are in docs/testing.md.
 """
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
+import torch
 
 from jaxformer.checkpoints import convert
 from jaxformer.training import data, vocab
 from jaxformer.training.config import TrainConfig, model_config
+from parity_tests.support.bounds import check, zero_gradient
 from parity_tests.support.training import corpus, twin_steps
 from torch_ref.training.step import TrainStep as TorchTrainStep
 from torch_ref.training.step import build_model as torch_build_model
@@ -27,13 +33,38 @@ CASES = {  # family -> TrainConfig changes
     "transformer": dict(schedule="inverse_sqrt", warmup_steps=10, label_smoothing=0.1),
     "classifier": dict(schedule="cosine", warmup_steps=5),
 }
+# The encoder-decoder's preset activation is ReLU, whose derivative jumps at 0. Over 100 steps a
+# pre-activation comes within rounding distance of 0 (measured: |x| = 4.7e-6, step 43, unit 26 of
+# the first encoder feed-forward): the two frameworks take different sides of the kink for that
+# token, and Adam turns the difference of one unit's gradient into a full step on its row
+# (relative L2 6.2e-5 after 100 steps on an AVX2 CPU, all of it in that row, while float32 torch
+# stays within 8e-7 of float64). Which side each framework takes is decided by rounding, so the
+# margin was luck. The trajectory measures the optimizer, schedule and loss semantics; it runs the
+# family with exact GELU, whose derivative is continuous. ReLU's forward and gradients are proven
+# equal by the model tests, where no step compounds a kink.
+MODEL_CHANGES = {"transformer": dict(activation="gelu")}
 
 
-def global_rel_l2(torch_model, jax_model) -> float:
-    theirs = {k: v.detach().numpy().astype(np.float64) for k, v in torch_model.state_dict().items()}
-    ours = convert.nnx_to_torch(jax_model)
-    num = sum(((ours[k] - theirs[k]) ** 2).sum() for k in theirs)
-    return float(np.sqrt(num / sum((v ** 2).sum() for v in theirs.values())))
+def state(model) -> dict[str, np.ndarray]:
+    """A torch or NNX model's parameters as float64 numpy, by torch state_dict key."""
+    if isinstance(model, torch.nn.Module):
+        return {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
+    return {k: np.asarray(v, np.float64) for k, v in convert.nnx_to_torch(model).items()}
+
+
+def global_rel_l2(ours: dict, theirs: dict) -> float:
+    """Global relative L2 distance over the parameters with a non-zero exact gradient."""
+    keys = [k for k in theirs if not zero_gradient(k)]
+    num = sum(((ours[k] - theirs[k]) ** 2).sum() for k in keys)
+    return float(np.sqrt(num / sum((theirs[k] ** 2).sum() for k in keys)))
+
+
+def zero_gradient_ratio(model: torch.nn.Module) -> float:
+    """max |gradient| of the zero-gradient parameters over the global gradient norm, from the
+    ``.grad`` the torch step leaves behind."""
+    grads = {n: p.grad.double() for n, p in model.named_parameters()}
+    norm = float(torch.sqrt(sum((g ** 2).sum() for g in grads.values())))
+    return max(float(g.abs().max()) for n, g in grads.items() if zero_gradient(n)) / norm
 
 
 @pytest.mark.parametrize("family", sorted(CASES))
@@ -41,31 +72,46 @@ def test_trajectory_matches_torch(family):
     config = TrainConfig(steps=STEPS, batch_size=4, seq_len=16, learning_rate=3e-3,
                          weight_decay=0.1, decay_embeddings=False, clip_norm=0.5,
                          **CASES[family])
-    jax_step, torch_step, dataset = twin_steps(family, config)
-    rows = []
+    jax_step, torch_step, dataset = twin_steps(family, config, **MODEL_CHANGES.get(family, {}))
+    exact = TorchTrainStep(family, copy.deepcopy(torch_step.model).double(), config)
+    start = state(exact.model)
+    rows, zero_grad_64, zero_grad_32 = [], 0.0, 0.0
     for step in range(STEPS):
         batch = dataset.update_batch(step)
-        rows.append((jax_step(batch), torch_step(batch)))
-    loss_j = np.array([j["loss"] for j, _ in rows])
-    loss_t = np.array([t["loss"] for _, t in rows])
+        rows.append((jax_step(batch), torch_step(batch), exact(batch)))
+        zero_grad_64 = max(zero_grad_64, zero_gradient_ratio(exact.model))
+        zero_grad_32 = max(zero_grad_32, zero_gradient_ratio(torch_step.model))
+    loss_j, loss_t, loss_e = (np.array([r[i]["loss"] for r in rows]) for i in range(3))
     rel = np.abs(loss_j - loss_t) / np.abs(loss_t)
-    params = global_rel_l2(torch_step.model, jax_step.sync())
+    ours, theirs, exact_params = state(jax_step.sync()), state(torch_step.model), state(exact.model)
+    params = global_rel_l2(ours, theirs)
     curve = " ".join(f"{rel[i:i + 10].max():.1e}" for i in range(0, STEPS, 10))
     print(f"\n{family}: loss {loss_t[0]:.3f} -> {loss_t[-1]:.3f}; max rel loss diff per 10 steps: "
-          f"{curve}; params rel L2 after {STEPS}: {params:.1e}")
+          f"{curve}; params rel L2 after {STEPS}: {params:.1e}; from float64: jaxformer "
+          f"{global_rel_l2(ours, exact_params):.1e}, torch_ref "
+          f"{global_rel_l2(theirs, exact_params):.1e} (losses "
+          f"{(np.abs(loss_j - loss_e) / loss_e).max():.1e}, "
+          f"{(np.abs(loss_t - loss_e) / loss_e).max():.1e}); zero-gradient parameters' "
+          f"|grad| / norm: float64 {zero_grad_64:.1e}, float32 {zero_grad_32:.1e}")
     # Everything the test claims to exercise is exercised:
-    lr = np.array([t["learning_rate"] for _, t in rows])
+    lr = np.array([t["learning_rate"] for _, t, _ in rows])
     assert lr.argmax() == config.warmup_steps - 1
     assert lr[-1] < 0.5 * lr.max()
-    norms = np.array([t["grad_norm"] for _, t in rows])
+    norms = np.array([t["grad_norm"] for _, t, _ in rows])
     assert (norms > config.clip_norm).any()  # clipping acted
-    np.testing.assert_allclose([j["grad_norm"] for j, _ in rows], norms, rtol=1e-3)
-    np.testing.assert_allclose([j["learning_rate"] for j, _ in rows], lr, rtol=1e-6)
+    np.testing.assert_allclose([j["grad_norm"] for j, _, _ in rows], norms, rtol=1e-3)
+    np.testing.assert_allclose([j["learning_rate"] for j, _, _ in rows], lr, rtol=1e-6)
     assert loss_t[-10:].mean() < 0.9 * loss_t[:10].mean()  # it learns
+    # The zero-gradient parameters: exactly zero in float64 (1e-12 of the norm is 10^4 times
+    # float64's rounding and 10^3 below the smallest float32 noise measured), so they never move
+    # there, and excluding them from the comparison drops no signal.
+    check(zero_grad_64, 1e-12, "float64 zero-gradient parameters' |grad| / norm")
+    moved = max(np.abs(exact_params[k] - start[k]).max() for k in start if zero_gradient(k))
+    check(moved, 1e-9, "float64 zero-gradient parameters' movement")
     # The bounds.
-    assert rel[:10].max() <= 1e-5, f"first 10 steps: {rel[:10]}"
-    assert rel.max() <= 1e-4, f"step {rel.argmax() + 1}: {rel.max():.2e}"
-    assert params <= 1e-4
+    check(rel[:10].max(), 1e-5, f"loss, first 10 steps (worst step {rel[:10].argmax() + 1})")
+    check(rel.max(), 1e-4, f"loss, {STEPS} steps (worst step {rel.argmax() + 1})")
+    check(params, 1e-4, f"parameters after {STEPS} steps, relative L2")
 
 
 def test_accumulation_equals_one_big_batch():
