@@ -1,5 +1,7 @@
 """Tokenizers built from a text, each a ``tokenizers.Tokenizer`` that saves as ``tokenizer.json``
-(framework-free: both twins train on the ids these produce).
+(framework-free: both twins train on the ids these produce). The bottom of the data layer: the
+special tokens, :class:`DataError` and tokenizer loading live here, and ``data`` and the tasks
+import them (nothing here imports either).
 
 - ``char``: nanoGPT's ``shakespeare_char``. The vocabulary is ``sorted(set(text))`` (id ``i`` is
   the ``i``-th character in code-point order), no special token, no normalizer, no
@@ -13,8 +15,8 @@
 - ``wordpiece``: a lower-cased WordPiece vocabulary of the characters and most frequent words,
   built here rather than by ``WordPieceTrainer`` (see :func:`wordpiece_tokenizer`).
 
-``bpe`` and ``wordpiece`` start with :data:`~jaxformer.training.data.SPECIAL_TOKENS` (ids 0-4),
-which the families' batches need. All three are deterministic: the same text gives the same
+``bpe`` and ``wordpiece`` start with :data:`SPECIAL_TOKENS` (ids 0-4), which the tasks' batches
+need. All three are deterministic: the same text gives the same
 ``tokenizer.json``, so a run reproduces from its seed and the JAX and torch runs of one file see
 the same ids.
 """
@@ -27,9 +29,22 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxformer.training.data import SPECIAL_TOKENS, DataError, load_tokenizer
-
 TOKENIZERS = ("char", "bpe", "wordpiece")
+# The first ids of a bpe or wordpiece vocabulary; the tasks' batches use them by name.
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+class DataError(ValueError):
+    """The data (a text file, a tokenizer, a batch) cannot be used: says which and why."""
+
+
+def load_tokenizer(path):
+    """A ``tokenizers`` tokenizer from a ``tokenizer.json``; a clear error if it is missing."""
+    from tokenizers import Tokenizer
+
+    if not Path(path).is_file():
+        raise DataError(f"tokenizer file {path} does not exist")
+    return Tokenizer.from_file(str(path))
 
 
 def char_tokenizer(text: str):
