@@ -199,7 +199,7 @@ def held_out_batches(dataset, size: int, limit: int) -> list[dict]:
 # ---------------------------------------------------------------------------------------- run
 
 def pretrain(args, train_plays, val_plays, work: Path) -> dict:
-    from jaxformer.training import data
+    from jaxformer.training import tasks
     from jaxformer.training.checkpoint import Checkpointer
     from jaxformer.training.step import TrainStep, build_model
     from jaxformer.training.vocab import wordpiece_tokenizer
@@ -207,8 +207,8 @@ def pretrain(args, train_plays, val_plays, work: Path) -> dict:
     train_text, val_text = bert_text(train_plays), bert_text(val_plays)
     tokenizer = wordpiece_tokenizer(train_text.splitlines(), args.vocab_size)
     model_cfg, config, _ = configs(args, tokenizer.get_vocab_size())
-    train_set, _ = data.build_datasets("bert", train_text, tokenizer, config)
-    val_set, _ = data.build_datasets("bert", val_text, tokenizer, config)
+    train_set, _ = tasks.build_datasets("bert", train_text, tokenizer, config)
+    val_set, _ = tasks.build_datasets("bert", val_text, tokenizer, config)
     print(f"pre-training: {len(train_set)} training speeches, {len(val_set)} held-out speeches, "
           f"vocabulary {tokenizer.get_vocab_size()}", flush=True)
     trainer = TrainStep("bert", build_model("bert", model_cfg, args.seed), config)
@@ -228,14 +228,14 @@ def pretrain(args, train_plays, val_plays, work: Path) -> dict:
 def finetune(args, pre: dict, val_plays) -> dict:
     from flax import nnx
 
-    from jaxformer.training import data
+    from jaxformer.training import tasks
     from jaxformer.training.checkpoint import Checkpointer
     from jaxformer.training.step import TrainStep, build_model
 
     tokenizer, (_, _, config) = pre["tokenizer"], configs(args, pre["tokenizer"].get_vocab_size())
     train_text, held_text = play_task(val_plays, args.seed)
-    train_set, _ = data.build_datasets("classifier", train_text, tokenizer, config)
-    val_set, _ = data.build_datasets("classifier", held_text, tokenizer, config)
+    train_set, _ = tasks.build_datasets("classifier", train_text, tokenizer, config)
+    val_set, _ = tasks.build_datasets("classifier", held_text, tokenizer, config)
     assert train_set.label_names == val_set.label_names == sorted(TASK_PLAYS)
     clf_cfg = dataclasses.replace(pre["model_config"], num_labels=2)
     print(f"fine-tuning: {len(train_set)} training speeches, {len(val_set)} held-out "

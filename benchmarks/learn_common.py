@@ -104,7 +104,7 @@ def write_json(path: Path, obj) -> None:
 
 
 def save_figure(fig, path: Path) -> None:
-    from jaxformer.training.loop import save_figure
+    from jaxformer.training.reporting import save_figure
 
     save_figure(fig, path)
 

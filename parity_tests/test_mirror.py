@@ -54,6 +54,7 @@ JAX_ONLY = {
     "checkpoints/": "weight I/O exists once: it moves weights between the twins through numpy",
     "parity/": "the main job builds both twins and compares them: the judge, not a twin",
     "cli.py": "the `jaxformer` command",
+    "frameworks.py": "maps a framework name to its package (imports torch_ref by name only)",
     "embed.py": "an application of the JAX BERT (sentence embeddings), not a building block",
     "models/flops.py": "FLOP and parameter counts from a config (standard library), for both",
     "generation/checks.py": "framework-free generation checks and tables both twins read",
@@ -61,8 +62,12 @@ JAX_ONLY = {
     "training/data.py": "host-side numpy batches: both frameworks train on the very same data",
     "training/vocab.py": "framework-free tokenizers: both twins train on the ids they give",
     "training/corpus.py": "fetches and splits a text corpus (host-side files, no model)",
-    "training/tasks.py": "framework-free synthetic copy/reverse batches both twins train on",
+    "training/synthetic.py": "framework-free synthetic copy/reverse batches both twins train on",
+    "training/tasks/": "framework-free objectives (dataset, loss name, model name): both twins "
+                       "select the same Task by its key",
     "training/loop.py": "one training loop that drives either framework's step",
+    "training/rundir.py": "the run directory of `jaxformer train` (files, no model)",
+    "training/reporting.py": "metrics lines, progress and plot of `jaxformer train` (no model)",
     "training/command.py": "the `jaxformer train` command",
     "generation/cli.py": "the `jaxformer generate` command (it runs either framework's generate)",
     "sharding.py": "device meshes, logical-axis rules and jax.distributed: how JAX lays one "

@@ -15,9 +15,10 @@ import pytest
 from flax import nnx
 
 from jaxformer.checkpoints import convert
-from jaxformer.training import data, vocab
-from jaxformer.training.config import TrainConfig, model_config
+from jaxformer.training import tasks, vocab
+from jaxformer.training.config import TrainConfig
 from jaxformer.training.step import MODELS, TrainStep
+from jaxformer.training.tasks import model_config
 from torch_ref.training.step import TrainStep as TorchTrainStep
 from torch_ref.training.step import build_model as torch_build_model
 
@@ -48,7 +49,7 @@ def twin_steps(family: str, config: TrainConfig, seed: int = 0):
     """The JAX and torch steps of ``family`` from identical weights, and the training data."""
     text = corpus(family)
     tokenizer = vocab.wordpiece_tokenizer(text.splitlines(), 120)
-    dataset, _ = data.build_datasets(family, text, tokenizer, config)
+    dataset, _ = tasks.build_datasets(family, text, tokenizer, config)
     model_cfg = model_config(family, "tiny", vocab_size=tokenizer.get_vocab_size(), pad_id=0,
                              num_labels=dataset.num_labels, dropout=0.0)
     torch_model = torch_build_model(family, model_cfg, seed)
@@ -107,7 +108,7 @@ def test_accumulation_equals_one_big_batch():
     split = TrainConfig(batch_size=8, accumulation_steps=2, **common)
     text = corpus("classifier")
     tokenizer = vocab.wordpiece_tokenizer(text.splitlines(), 120)
-    dataset, _ = data.build_datasets("classifier", text, tokenizer, split)
+    dataset, _ = tasks.build_datasets("classifier", text, tokenizer, split)
     model_cfg = model_config("classifier", "tiny", vocab_size=tokenizer.get_vocab_size(),
                              num_labels=dataset.num_labels, dropout=0.0)
     step_whole = TorchTrainStep("classifier", torch_build_model("classifier", model_cfg, 3), whole)

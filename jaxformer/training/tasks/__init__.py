@@ -17,8 +17,8 @@ from jaxformer.training.tasks.seq2seq import SEQ2SEQ
 TASKS: dict[str, Task] = {task.name: task for task in (
     BERT_PRETRAINING, CAUSAL_LM, SEQ2SEQ, CLASSIFICATION)}
 
-__all__ = ["PRESET_ALIASES", "TASKS", "Task", "build_datasets", "get", "model_config",
-           "preset_names"]
+__all__ = ["BERT_PRETRAINING", "CAUSAL_LM", "CLASSIFICATION", "PRESET_ALIASES", "SEQ2SEQ", "TASKS",
+           "Task", "build_datasets", "get", "model_config", "preset_names"]
 
 
 def get(name: str) -> Task:
