@@ -15,11 +15,11 @@ and whose other lines are joined with spaces, bracketed stage directions removed
 a play. So next-sentence prediction asks "is B the reply to A in the same play?", a question
 about the dialogue, where a verse line's successor would often be the middle of its sentence.
 
-Pre-training: the examples of ``jaxformer.training.data`` (BERT's recipe: 50% next speech, 50% a
-random one; ``max_predictions`` masked positions per pair, 80/10/10), a WordPiece vocabulary
-learned from the training plays, ``TrainStep`` (JAX), the checkpoint written by the training
-checkpointer (orbax). Reported before and after on held-out plays: masked-token accuracy (argmax
-at the masked positions) and NSP accuracy.
+Pre-training: the examples of ``jaxformer.training.tasks.bert_pretraining`` (BERT's recipe: 50% next
+speech, 50% a random one; ``max_predictions`` masked positions per pair, 80/10/10), a WordPiece
+vocabulary learned from the training plays, ``TrainStep`` (JAX), the checkpoint written by the
+training checkpointer (orbax). Reported before and after on held-out plays: masked-token accuracy
+(argmax at the masked positions) and NSP accuracy.
 
 Fine-tuning: which of two plays, *As You Like It* or *Romeo and Juliet*, does a speech of at
 least 6 words come from? Both plays are held out of pre-training; a seeded quarter of each
