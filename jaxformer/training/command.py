@@ -1,10 +1,8 @@
 """``jaxformer train``: its flags and what runs them (CLI glue, no twin).
 
-Each flag fills the field of the same meaning in ``TrainConfig`` (hyper-parameters) or in
-``loop.RunOptions`` (everything else): :data:`FLAGS` lists them once, in ``--help`` order, and
-both the parser and the two dataclasses are filled from that table. Bad input ends with
-``jaxformer train: error: ...`` naming the problem and exit status 2; a run whose loss stops being
-finite ends with exit status 1 and keeps its last good checkpoint.
+:data:`FLAGS` lists each flag once, in ``--help`` order, with the ``TrainConfig`` or
+``loop.RunOptions`` field it fills: the parser and both dataclasses are built from it. Bad input
+ends with ``jaxformer train: error: ...`` and exit status 2; a diverged run with exit status 1.
 """
 
 from __future__ import annotations

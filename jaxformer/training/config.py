@@ -1,14 +1,9 @@
 """Training hyper-parameters: one frozen ``TrainConfig`` that both frameworks read (stdlib only).
 
 ``torch_ref.training`` imports this module, as it imports ``jaxformer.config``, so a JAX run and
-its torch twin can never be configured differently. Every default on which optax and torch differ
-is a field here and is passed explicitly to both (AdamW's betas, eps and weight decay; the
-clipping threshold; label smoothing; the ignore index of the losses).
-
-Also here, because both sides and the loop need them without a framework: the run identity a
-checkpoint records so that ``--resume`` refuses a run of another family or config
-(:func:`run_identity`, :func:`identity_differences`). What depends on the objective (the model
-config and its presets, the defaults) belongs to its Task, in ``jaxformer.training.tasks``.
+its torch twin can never be configured differently. Also here: the run identity that ``--resume``
+compares (:func:`run_identity`). What depends on the objective belongs to its Task
+(``jaxformer.training.tasks``).
 """
 
 from __future__ import annotations
@@ -40,6 +35,10 @@ class TrainConfig:
     ``learning_rate`` to ``min_learning_rate`` at the last update (``linear``, ``cosine``) or stays
     (``constant``); ``inverse_sqrt`` is the paper's ``min((n+1)/warmup, sqrt(warmup/(n+1)))``
     scaled to peak at ``learning_rate``. ``clip_norm`` 0 turns clipping off.
+
+    Every default on which optax and torch differ is a field here and is passed explicitly to
+    both (AdamW's betas, eps and weight decay; the clipping threshold; label smoothing); the
+    losses' ignore index is :data:`IGNORE_INDEX`.
     """
 
     steps: int = 1000

@@ -1,16 +1,8 @@
 """The training loop behind ``jaxformer train``, for either framework (shared glue, no twin).
 
-:func:`prepare` does everything before the first step (every refusal first, then the run
-directory of ``rundir``); :func:`train` runs the updates of the step that
-``frameworks.module(framework, "training.step")`` builds, evaluates, checkpoints and reports
-(``reporting``). ``--resume`` restores the latest checkpoint, drops the metrics lines after it and
-continues; the batches are a function of the step (``data.Dataset``), so the resumed run sees
-exactly the batches the uninterrupted one would have.
-
-``--framework torch`` trains the torch twin from the very weights ``--framework jax`` starts from
-(built by jaxformer from ``--seed``, copied with ``checkpoints.convert``), so the two runs'
-losses can be compared step by step. Dropout masks come from each framework's own generator, so
-they match only at dropout 0. Nothing here imports torch.
+:func:`prepare` does everything before the first step (every refusal first); :func:`train` runs
+the step of ``frameworks.module(framework, "training.step")``, evaluates, checkpoints, and
+reports through ``reporting``; the run's files are ``rundir``'s. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -171,6 +163,12 @@ def prepare(config: TrainConfig, options: RunOptions):
 
 
 def train(config: TrainConfig, options: RunOptions) -> RunResult:
+    """The run ``options`` describe. ``--resume`` restores the latest checkpoint, drops the
+    metrics lines after it and continues; the batches are a function of the step
+    (``data.Dataset``), so the resumed run sees exactly the batches the uninterrupted one would
+    have. ``--framework torch`` trains the torch twin from the very weights ``--framework jax``
+    starts from, so the two runs' losses can be compared step by step; dropout masks come from
+    each framework's own generator, so they match only at dropout 0."""
     run_dir, identity, model_cfg, train_set, eval_set = prepare(config, options)
     family = options.family
     trainer, checkpointer_cls = build_trainer(family, options.framework, model_cfg, config,

@@ -1,17 +1,8 @@
 """Training losses in JAX, with torch's semantics. Twin: ``torch_ref/training/losses.py``.
 
-Everything is built on :func:`cross_entropy`, which computes what
-``torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=eps)``
-computes with its default mean reduction: the mean, over the targets whose label is not
-``ignore_index``, of ``(1 - eps) * nll + eps * mean_c(-log p_c)``. One deliberate difference:
-when every target is ignored torch returns NaN (0 / 0), here the loss is 0 (and so are its
-gradients), so that a batch without a masked token cannot poison a run.
-``optax.softmax_cross_entropy_with_integer_labels`` knows no ignore index; the masking is written
-once, here.
-
-Labels are checked on the host when concrete (a clear ``ValueError``); under ``jit`` an
-out-of-range label (other than the ignore index) makes the loss NaN instead of reading a wrong
-class, and the training loop stops on a NaN loss.
+Everything is built on :func:`cross_entropy` (torch's ignore index and label smoothing, written
+once here since optax knows no ignore index). Each Task (``training.tasks``) names its
+``*_batch_loss`` function here, and the torch twin defines one of the same name.
 """
 
 from __future__ import annotations
@@ -25,7 +16,17 @@ from jaxformer.training.config import IGNORE_INDEX, TrainConfig
 
 def cross_entropy(logits, labels, *, ignore_index: int = IGNORE_INDEX,
                   label_smoothing: float = 0.0):
-    """``(..., C)`` logits and ``(...)`` integer labels -> scalar mean loss over real targets."""
+    """``(..., C)`` logits and ``(...)`` integer labels -> scalar mean loss over real targets.
+
+    What ``torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100,
+    label_smoothing=eps)`` computes with its default mean reduction: the mean, over the targets
+    whose label is not ``ignore_index``, of ``(1 - eps) * nll + eps * mean_c(-log p_c)``. One
+    deliberate difference: when every target is ignored torch returns NaN (0 / 0), here the loss
+    is 0 (and so are its gradients), so that a batch without a masked token cannot poison a run.
+    Labels are checked on the host when concrete (a clear ``ValueError``); under ``jit`` an
+    out-of-range label (other than the ignore index) makes the loss NaN instead of reading a
+    wrong class, and the training loop stops on a NaN loss.
+    """
     if logits.shape[:-1] != labels.shape:
         raise ValueError(f"logits have shape {tuple(logits.shape)} but labels have shape "
                          f"{tuple(labels.shape)}; expected labels of shape "

@@ -1,10 +1,9 @@
 """The run directory of ``jaxformer train`` (shared glue, no twin): where a run lives on disk.
 
 One run lives in one directory (``--checkpoint-dir``, default ``runs/FAMILY-PRESET``):
-``run.json`` (the run identity: family, framework, model and train configs, the data file's
-hash, and the classifier's label names), ``tokenizer.json``, ``checkpoints/``, and by default
-``metrics.jsonl`` and its plot. This module decides whether a directory may be used as asked and
-refuses a resume whose identity differs, naming each difference, before anything is written.
+``run.json`` (the run identity and the classifier's label names), ``tokenizer.json``,
+``checkpoints/``, by default ``metrics.jsonl`` and its plot. Used by ``loop.prepare`` to refuse a
+directory or a resume that does not fit, naming each difference, before anything is written.
 """
 
 from __future__ import annotations

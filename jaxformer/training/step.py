@@ -1,18 +1,8 @@
 """The train step and the eval step, jitted. Twin: ``torch_ref/training/step.py``.
 
-:class:`TrainStep` splits the model once into its graph, its parameters and the rest of its
-state (the dropout RNG keys and counters of the model's ``nnx.Rngs``), and compiles one pure
-function for a whole update: forward and backward over each micro-batch (a ``lax.scan`` when
-gradients are accumulated), the mean of the micro-batch gradients, clipping, AdamW. The buffers of
-the parameters, the optimizer state and the RNG state are donated to the call that replaces them.
-The RNG state goes in and comes back out of every call, so each step draws fresh dropout masks
-and a run is reproducible from its seed alone (and, restored from a checkpoint, from there).
-
-Given a ``mesh`` (``jaxformer.sharding.make_mesh``), the parameters and the optimizer state are
-placed by the logical-axis rules, the batch is split over ``("data", "fsdp")`` (each process
-feeding its own rows), and the compiled step keeps every output where its input was; XLA's
-partitioner inserts the collectives. The losses equal the one-device run's up to the order of
-float32 sums.
+:class:`TrainStep` compiles one pure function for a whole optimizer update of the model its Task
+(``training.tasks``) names, scored by the Task's loss; :func:`build_trainer` is what
+``jaxformer train`` calls through ``jaxformer.frameworks``, as it calls the torch twin's.
 """
 
 from __future__ import annotations
@@ -73,7 +63,20 @@ class TrainStep:
     ``batch`` holds the ``accumulation_steps`` micro-batches of the update stacked on a leading
     axis (``data.Dataset.update_batch``); ``evaluate(micro_batch)`` is the loss in eval mode.
     The step owns the state: :meth:`sync` writes it back into ``model`` and returns the model.
-    ``mesh``: train sharded over it (see the module doc); None, one device.
+
+    The model is split once into its graph, its parameters and the rest of its state (the
+    dropout RNG keys and counters of the model's ``nnx.Rngs``), and one pure function is compiled
+    for a whole update: forward and backward over each micro-batch (a ``lax.scan`` when gradients
+    are accumulated), the mean of the micro-batch gradients, clipping, AdamW. The buffers of the
+    parameters, the optimizer state and the RNG state are donated to the call that replaces them.
+    The RNG state goes in and comes back out of every call, so each step draws fresh dropout masks
+    and a run is reproducible from its seed alone (and, restored from a checkpoint, from there).
+
+    Given a ``mesh`` (``jaxformer.sharding.make_mesh``), the parameters and the optimizer state
+    are placed by the logical-axis rules, the batch is split over ``("data", "fsdp")`` (each
+    process feeding its own rows), and the compiled step keeps every output where its input was;
+    XLA's partitioner inserts the collectives. The losses equal the one-device run's up to the
+    order of float32 sums. ``mesh`` None: one device.
     """
 
     def __init__(self, family: str, model: nnx.Module, config: TrainConfig, mesh=None):

@@ -1,14 +1,7 @@
 """Synthetic sequence-to-sequence data, the Annotated Transformer's first check that the model
 learns: copy a random token sequence, or reverse it (framework-free: both twins train on these
-batches). Not a file format: the pairs are generated, then batched as the ``transformer`` task
-(:mod:`jaxformer.training.tasks.seq2seq`) batches a file, by the same function.
-
-The tokens are ids of a jaxformer vocabulary, whose first ids are the
-:data:`~jaxformer.training.vocab.SPECIAL_TOKENS` (``[PAD]`` 0, ``[UNK]`` 1, ``[CLS]`` 2, ``[SEP]``
-3, ``[MASK]`` 4); the sequences draw uniformly from the ids after them, so a special token never
-appears inside a sequence. Source ``x [SEP]``, decoder input ``[CLS] y`` (``[CLS]`` begins the
-target), labels ``y [SEP]`` with -100 at padding. Unlike a text file, a synthetic pair is never
-truncated: a sequence longer than ``seq_len - 1`` is an error.
+batches). The pairs are generated, then batched by the function that batches a file of the
+``transformer`` task (:func:`jaxformer.training.tasks.seq2seq.seq2seq_arrays`).
 """
 
 from __future__ import annotations
@@ -27,7 +20,11 @@ def copy_reverse_pairs(num_pairs: int, *, task: str = "copy", vocab_size: int, m
                        max_len: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """``num_pairs`` (source, target) int32 arrays: a source of ``min_len`` to ``max_len`` tokens
     drawn from ``[FIRST_ORDINARY_ID, vocab_size)`` and, as target, itself (``copy``) or its
-    reverse (``reverse``). A pure function of its arguments."""
+    reverse (``reverse``). A pure function of its arguments.
+
+    The first ids of a jaxformer vocabulary are the :data:`~jaxformer.training.vocab.SPECIAL_TOKENS`
+    (``[PAD]`` 0, ``[UNK]`` 1, ``[CLS]`` 2, ``[SEP]`` 3, ``[MASK]`` 4); the sequences draw
+    uniformly from the ids after them, so a special token never appears inside a sequence."""
     if task not in SYNTHETIC_TASKS:
         raise DataError(f"unknown task {task!r}; choose one of {', '.join(SYNTHETIC_TASKS)}")
     if vocab_size <= FIRST_ORDINARY_ID:
@@ -46,7 +43,10 @@ def copy_reverse_pairs(num_pairs: int, *, task: str = "copy", vocab_size: int, m
 
 def encoder_decoder_batch(pairs, seq_len: int | None = None) -> dict[str, np.ndarray]:
     """The ``transformer`` batch (``tasks.SEQ2SEQ.batch_keys``) of ``pairs``, padded to
-    ``seq_len`` (default: the longest sequence plus its end token)."""
+    ``seq_len`` (default: the longest sequence plus its end token): source ``x [SEP]``, decoder
+    input ``[CLS] y`` (``[CLS]`` begins the target), labels ``y [SEP]`` with -100 at padding.
+    Unlike a text file, a pair is never truncated: a sequence longer than ``seq_len - 1`` is an
+    error."""
     if not pairs:
         raise DataError("no pairs to batch")
     longest = max(max(len(s), len(t)) for s, t in pairs)

@@ -1,24 +1,7 @@
 """Tokenizers built from a text, each a ``tokenizers.Tokenizer`` that saves as ``tokenizer.json``
 (framework-free: both twins train on the ids these produce). The bottom of the data layer: the
-special tokens, :class:`DataError` and tokenizer loading live here, and ``data`` and the tasks
-import them (nothing here imports either).
-
-- ``char``: nanoGPT's ``shakespeare_char``. The vocabulary is ``sorted(set(text))`` (id ``i`` is
-  the ``i``-th character in code-point order), no special token, no normalizer, no
-  pre-tokenizer, and decoding is plain concatenation. It is a BPE model with no merges: BPE
-  splits its input into characters and, with nothing to merge, each character is a token; the
-  ``Fuse`` decoder joins them without the spaces ``tokenizers`` would otherwise put between
-  tokens. Such a tokenizer silently drops a character it does not know, so
-  :func:`encode_chars` checks the text first.
-- ``bpe``: byte-level BPE as GPT-2 (``ByteLevel`` pre-tokenizer and decoder, all 256 bytes in the
-  initial alphabet, so no text is ever unknown), trained by ``tokenizers``' ``BpeTrainer``.
-- ``wordpiece``: a lower-cased WordPiece vocabulary of the characters and most frequent words,
-  built here rather than by ``WordPieceTrainer`` (see :func:`wordpiece_tokenizer`).
-
-``bpe`` and ``wordpiece`` start with :data:`SPECIAL_TOKENS` (ids 0-4), which the tasks' batches
-need. All three are deterministic: the same text gives the same
-``tokenizer.json``, so a run reproduces from its seed and the JAX and torch runs of one file see
-the same ids.
+special tokens, :class:`DataError` and tokenizer loading live here; ``data`` and the tasks import
+them, and nothing here imports either. :func:`build_tokenizer` says what each kind is.
 """
 
 from __future__ import annotations
@@ -146,7 +129,25 @@ def wordpiece_tokenizer(lines, vocab_size: int):
 def build_tokenizer(kind: str, text: str, vocab_size: int | None = None):
     """The tokenizer ``--tokenizer KIND`` names: one of :data:`TOKENIZERS` built from ``text``
     (``vocab_size`` is ignored by ``char``, whose vocabulary is the text's characters), or else
-    the path of a ``tokenizer.json``."""
+    the path of a ``tokenizer.json``.
+
+    - ``char``: nanoGPT's ``shakespeare_char``. The vocabulary is ``sorted(set(text))`` (id
+      ``i`` is the ``i``-th character in code-point order), no special token, no normalizer, no
+      pre-tokenizer, and decoding is plain concatenation. It is a BPE model with no merges: BPE
+      splits its input into characters and, with nothing to merge, each character is a token;
+      the ``Fuse`` decoder joins them without the spaces ``tokenizers`` would otherwise put
+      between tokens. Such a tokenizer silently drops a character it does not know, so
+      :func:`encode_chars` checks the text first.
+    - ``bpe``: byte-level BPE as GPT-2 (``ByteLevel`` pre-tokenizer and decoder, all 256 bytes in
+      the initial alphabet, so no text is ever unknown), trained by ``tokenizers``'
+      ``BpeTrainer``.
+    - ``wordpiece``: a lower-cased WordPiece vocabulary of the characters and most frequent
+      words, built here rather than by ``WordPieceTrainer`` (see :func:`wordpiece_tokenizer`).
+
+    ``bpe`` and ``wordpiece`` start with :data:`SPECIAL_TOKENS` (ids 0-4), which the tasks'
+    batches need. All three are deterministic: the same text gives the same ``tokenizer.json``,
+    so a run reproduces from its seed and the JAX and torch runs of one file see the same ids.
+    """
     if kind == "char":
         return char_tokenizer(text)
     if kind in ("bpe", "wordpiece"):

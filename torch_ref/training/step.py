@@ -1,12 +1,7 @@
-"""Twin of ``jaxformer/training/step.py``: the same update in eager PyTorch (for
-``torch.compile``, call ``model.compile()`` first, or ``build_trainer`` with ``options.compile``:
-the module and its state_dict keys stay).
-
-Each micro-batch's loss is divided by ``accumulation_steps`` before ``backward``, so the gradients
-accumulated in ``.grad`` are the mean of the micro-batch gradients, as the JAX step computes them.
-A parameter that no loss reaches gets a zero gradient rather than none, so that AdamW still decays
-it and advances its moments exactly as optax does. Dropout draws from torch's global generator,
-seeded by the loop; its state is part of :meth:`TrainStep.state_dict`.
+"""Twin of ``jaxformer/training/step.py``: the same update in eager PyTorch, of the model its
+Task (``jaxformer.training.tasks``) names, scored by the Task's loss from ``training.losses``.
+For ``torch.compile``, call ``model.compile()`` first, or :func:`build_trainer` with
+``options.compile`` (the module and its state_dict keys stay).
 """
 
 from __future__ import annotations
@@ -63,6 +58,15 @@ def _to_tensors(batch: dict, device=None) -> dict[str, torch.Tensor]:
 
 
 class TrainStep:
+    """``step(batch) -> {"loss", "grad_norm", "learning_rate"}`` for one optimizer update.
+
+    Each micro-batch's loss is divided by ``accumulation_steps`` before ``backward``, so the
+    gradients accumulated in ``.grad`` are the mean of the micro-batch gradients, as the JAX step
+    computes them. A parameter that no loss reaches gets a zero gradient rather than none, so that
+    AdamW still decays it and advances its moments exactly as optax does. Dropout draws from
+    torch's global generator, seeded by ``build_model``; its state is part of :meth:`state_dict`.
+    """
+
     def __init__(self, family: str, model: nn.Module, config: TrainConfig):
         self.family, self.config, self.model = family, config, model
         self.task = tasks.get(family)

@@ -1,10 +1,9 @@
 """What a training objective is: one frozen :class:`Task` per objective (framework-free).
 
-A Task owns everything that depends on the objective: the model config class and presets, the
-model class (named, so each framework finds its own in ``models/``), the loss (named, so each
-framework finds its own in ``training/losses.py``), the dataset builder and the batch check, the
-hyper-parameter defaults and the model FLOPs behind the MFU metric. One file per objective sits
-beside this one; ``tasks/__init__.py`` holds the registry both frameworks select from.
+A Task owns what depends on the objective: model config and presets, the model and loss (by
+name: each framework finds its own in ``models/`` and ``training/losses.py``), the dataset builder
+and batch check, defaults, and the FLOPs behind MFU. One file per objective sits beside this one;
+``tasks/__init__.py`` holds the registry both frameworks select from.
 """
 
 from __future__ import annotations

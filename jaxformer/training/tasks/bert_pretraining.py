@@ -1,16 +1,8 @@
 """The BERT pre-training task (key ``bert``): masked LM plus next-sentence prediction.
 
-Each line of the data file is a sentence, blank lines separate documents. Example ``i`` is
-sentence ``i`` as sentence A; half the time B is the next sentence of its document (NSP label 0),
-else a random sentence (label 1): ``[CLS] A [SEP] B [SEP]``, longest first truncated. As BERT's
-``create_pretraining_data.py``: ``min(max_predictions, max(1, round(0.15 * length)))`` positions
-(``length`` counts ``[CLS]`` and ``[SEP]``, ``0.15`` is ``mlm_probability``, ``round`` halves to
-even as Python 3's) are drawn uniformly among the real non-special tokens; 80% of those become
-``[MASK]``, 10% a random non-special token, 10% stay. ``masked_positions (B, P)`` lists them in
-ascending order, ``P = min(max_predictions, seq_len)``, padded with index 0 and label -100, and
-``mlm_labels (B, P)`` holds their original ids, so the MLM head runs at ``P`` positions only.
-``max_predictions = 0`` keeps dense labels instead: each real non-special token is chosen with
-probability 0.15, ``mlm_labels (B, T)`` and ``masked_positions`` is every position.
+One of the Tasks of ``jaxformer.training.tasks`` (framework-free): BERT's
+``create_pretraining_data.py`` recipe as a dataset builder, its batch check, and the names of its
+model (``BertForPreTraining``) and loss (``pretraining_batch_loss``) in each framework.
 """
 
 from __future__ import annotations
@@ -30,6 +22,19 @@ from jaxformer.training.vocab import DataError
 
 @dataclass(frozen=True)
 class BertPretraining(Task):
+    """Each line of the data file is a sentence, blank lines separate documents. Example ``i`` is
+    sentence ``i`` as sentence A; half the time B is the next sentence of its document (NSP label
+    0), else a random sentence (label 1): ``[CLS] A [SEP] B [SEP]``, longest first truncated. As
+    BERT's ``create_pretraining_data.py``: ``min(max_predictions, max(1, round(0.15 * length)))``
+    positions (``length`` counts ``[CLS]`` and ``[SEP]``, ``0.15`` is ``mlm_probability``, ``round``
+    halves to even as Python 3's) are drawn uniformly among the real non-special tokens; 80% of
+    those become ``[MASK]``, 10% a random non-special token, 10% stay. ``masked_positions (B, P)``
+    lists them in ascending order, ``P = min(max_predictions, seq_len)``, padded with index 0 and
+    label -100, and ``mlm_labels (B, P)`` holds their original ids, so the MLM head runs at ``P``
+    positions only. ``max_predictions = 0`` keeps dense labels instead: each real non-special token
+    is chosen with probability 0.15, ``mlm_labels (B, T)`` and ``masked_positions`` is every
+    position."""
+
     def make_datasets(self, text, tokenizer, config, specials, eval_fraction):
         T = config.seq_len
         if T < 5:

@@ -1,11 +1,7 @@
 """The causal language-model task (key ``gpt``): a GPT learns to predict each next token.
 
-The data file's lines, each followed by ``[SEP]`` (end of line), are concatenated into one token
-stream; with a character tokenizer (``vocab.char_tokenizer``) the stream is the raw text, newlines
-included, as nanoGPT's ``shakespeare_char``. ``gpt_windows="packed"`` cuts the stream into windows
-of ``seq_len`` tokens and the loss predicts each next token of a window (``seq_len - 1``
-predictions); ``"random"`` is nanoGPT's ``get_batch`` (``data.RandomWindows``): ``seq_len + 1``
-tokens at random offsets, ``input_ids`` the first ``seq_len``, ``labels`` the last ``seq_len``.
+One of the Tasks of ``jaxformer.training.tasks`` (framework-free): its dataset builder and batch
+check, and the names of its model (``GPT``) and loss (``causal_lm_batch_loss``) in each framework.
 """
 
 from __future__ import annotations
@@ -23,6 +19,14 @@ from jaxformer.training.vocab import DataError, encode_chars, is_char_tokenizer
 
 @dataclass(frozen=True)
 class CausalLM(Task):
+    """The data file's lines, each followed by ``[SEP]`` (end of line), concatenated into one token
+    stream; with a character tokenizer (``vocab.char_tokenizer``) the stream is the raw text,
+    newlines included, as nanoGPT's ``shakespeare_char``. ``gpt_windows="packed"`` cuts the stream
+    into windows of ``seq_len`` tokens and the loss predicts each next token of a window
+    (``seq_len - 1`` predictions); ``"random"`` is nanoGPT's ``get_batch``
+    (``data.RandomWindows``): ``seq_len + 1`` tokens at random offsets, ``input_ids`` the first
+    ``seq_len``, ``labels`` the last ``seq_len``."""
+
     def special_ids(self, tokenizer) -> dict[str, int]:
         """None with a character tokenizer (its stream is the raw text, with no ``[SEP]``)."""
         if is_char_tokenizer(tokenizer):

@@ -1,10 +1,9 @@
 """The sequence-to-sequence task (key ``transformer``): the encoder-decoder Transformer.
 
-The data file holds ``SOURCE<TAB>TARGET`` lines; in a file without tabs each line is the source
-of the next line. Source ``tokens [SEP]``; decoder input ``[CLS] target`` (``[CLS]`` serves as
-beginning of sequence) and labels ``target [SEP]``, -100 at padding (:func:`seq2seq_arrays`,
-which the synthetic copy/reverse batches of ``training.synthetic`` use too). Its defaults are the
-paper's: the inverse square root schedule and label smoothing 0.1.
+``SOURCE<TAB>TARGET`` lines (without tabs, each line is the source of the next) become source
+``tokens [SEP]``, decoder input ``[CLS] target`` and labels ``target [SEP]``
+(:func:`seq2seq_arrays`, which ``training.synthetic`` uses too). Defaults as the paper's:
+inverse_sqrt schedule, label smoothing 0.1.
 """
 
 from __future__ import annotations
