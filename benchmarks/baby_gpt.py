@@ -80,12 +80,12 @@ def train_one(framework: str, config, args, train: Path, val: Path, runs: Path) 
 def greedy_text(framework: str, config, run_dir: Path, prompt: str, length: int) -> str:
     """The trained model of ``run_dir`` (its last checkpoint) continues ``prompt``."""
     from jaxformer.config import GPTConfig
-    from jaxformer.training import data, loop, vocab
+    from jaxformer.training import loop, vocab
 
     identity = json.loads((run_dir / "run.json").read_text())["identity"]
     model_cfg = GPTConfig(**{k: v for k, v in identity["model_config"].items() if k != "class"})
     options = loop.RunOptions(family="gpt", data="", framework=framework)
-    trainer, checkpointer_cls = loop._build_trainer("gpt", framework, model_cfg, config, options)
+    trainer, checkpointer_cls = loop.build_trainer("gpt", framework, model_cfg, config, options)
     checkpointer = checkpointer_cls(run_dir / "checkpoints")
     checkpointer.restore(trainer)
     checkpointer.close()
@@ -93,7 +93,7 @@ def greedy_text(framework: str, config, run_dir: Path, prompt: str, length: int)
         from jaxformer.training.sample import greedy_sample
     else:
         from torch_ref.training.sample import greedy_sample
-    tokenizer = data.load_tokenizer(run_dir / "tokenizer.json")
+    tokenizer = vocab.load_tokenizer(run_dir / "tokenizer.json")
     ids = greedy_sample(trainer.sync(), vocab.encode_chars(tokenizer, prompt), length)
     return tokenizer.decode(ids.tolist())
 
@@ -104,7 +104,7 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from jaxformer.training.loop import save_figure
+    from jaxformer.training.reporting import save_figure
 
     fig, ax = plt.subplots(figsize=(8, 5))
     styles = {"jax": ("tab:blue", "o-"), "torch": ("tab:orange", "x--")}  # equal curves overlap

@@ -3,7 +3,7 @@
 small and BERT-base, jaxformer's jitted step against its torch_ref twin, eager and compiled.
 
 The three candidates are the steps the training loop runs, built the way the loop builds them
-(``jaxformer.training.loop._build_trainer``): the model is initialised by jaxformer from the seed
+(``jaxformer.training.loop.build_trainer``): the model is initialised by jaxformer from the seed
 and its weights copied into each torch model through ``jaxformer.checkpoints.convert``; the
 compiled torch model is ``torch_model.compile()`` (inductor), the loop's ``--compile``.
 
@@ -13,16 +13,16 @@ compiled torch model is ``torch_model.compile()`` (inductor), the loop's ``--com
 - ``torch_ref compile``: the same step on the compiled model (the optimizer stays eager, as in
   the loop).
 
-Workloads (the sizes of the training-benchmark issue): GPT-2 small (``GPTConfig.gpt2()``), batch 4
-x 256, causal LM loss, no padding (the loop packs text into full windows); BERT-base
+Workloads (the sizes of the training-benchmark issue): GPT-2 small (``GPTConfig.gpt2()``), batch 4 x
+256, causal LM loss, no padding (the loop packs text into full windows); BERT-base
 (``BertConfig.base()``), batch 8 x 128, masked LM + next sentence, right padding as in
-``bench_forward.py``, the masked positions drawn as ``jaxformer.training.data`` draws them (15% of
-the real tokens, at most ``TrainConfig.max_predictions`` per row, where the MLM head runs). Dropout
-is 0 on both sides so that the work is the same; every candidate trains on the very same numpy
-batch at every step. Before anything is timed each candidate makes one step from the same weights
-and their losses must agree to 1e-5 (relative; in ``--dtype bfloat16``, where torch_ref trains
-under autocast, to the measured bfloat16 bound of ``LOSS_RTOL``), or the script stops: the timings
-then compare equal work. After the timed rounds every candidate has made the same number of
+``bench_forward.py``, the masked positions drawn as ``jaxformer.training.tasks.bert_pretraining``
+draws them (15% of the real tokens, at most ``TrainConfig.max_predictions`` per row, where the MLM
+head runs). Dropout is 0 on both sides so that the work is the same; every candidate trains on the
+very same numpy batch at every step. Before anything is timed each candidate makes one step from the
+same weights and their losses must agree to 1e-5 (relative; in ``--dtype bfloat16``, where torch_ref
+trains under autocast, to the measured bfloat16 bound of ``LOSS_RTOL``), or the script stops: the
+timings then compare equal work. After the timed rounds every candidate has made the same number of
 steps, and the largest relative difference of their losses at each step is recorded (DESIGN.md
 allows 1e-5 over 10 steps, 1e-4 over 100).
 
@@ -79,15 +79,15 @@ LOSS_RTOL = {"float32": 1e-5, "bfloat16": 5.3e-3}
 
 def make_batch(family: str, cfg, tc, seed: int) -> tuple[dict, int | None]:
     """One update's batch (a single micro-batch on the leading axis), numpy int32, the keys of
-    ``jaxformer.training.data.BATCH_KEYS[family]``, and for BERT the number of positions per row
-    its MLM head runs at. BERT's masked positions follow ``data``'s recipe: ``round(0.15 x
+    ``jaxformer.training.tasks.get(family).batch_keys``, and for BERT the number of positions per
+    row its MLM head runs at. BERT's masked positions follow ``data``'s recipe: ``round(0.15 x
     length)`` real tokens per row (at least one, at most ``tc.max_predictions``), listed in
     ``P = min(max_predictions, seq_len)`` slots padded with position 0 and label -100 (dense
     labels when ``max_predictions`` is 0)."""
     import numpy as np
     from bench_forward import make_inputs
 
-    from jaxformer.training import data
+    from jaxformer.training import tasks
     from jaxformer.training.config import IGNORE_INDEX
     B, T = tc.batch_size, tc.seq_len
     rng = np.random.RandomState(seed)
@@ -115,7 +115,7 @@ def make_batch(family: str, cfg, tc, seed: int) -> tuple[dict, int | None]:
         out = {"input_ids": ids, "token_type_ids": segments, "attention_mask": mask,
                "masked_positions": positions, "mlm_labels": labels,
                "nsp_labels": rng.randint(0, 2, (B,))}
-        if "masked_positions" not in data.BATCH_KEYS["bert"]:  # labels at every position
+        if "masked_positions" not in tasks.get("bert").batch_keys:  # labels at every position
             dense = np.full((B, T), IGNORE_INDEX)
             np.put_along_axis(dense, positions, labels, axis=1)
             out["mlm_labels"], head_positions = dense, T
@@ -145,7 +145,7 @@ def bench_workload(name, args, bench):
     from jaxformer.models import flops
     from jaxformer.training import step as jax_step
     from jaxformer.training.config import TrainConfig
-    from jaxformer.training.loop import RunOptions, _build_trainer
+    from jaxformer.training.loop import RunOptions, build_trainer
 
     spec = {**WORKLOADS[name], **(QUICK if args.quick else {})}
     family, B, T = spec["family"], args.batch or spec["batch"], args.seq or spec["seq"]
@@ -164,7 +164,7 @@ def bench_workload(name, args, bench):
         print(f"{name}: building the {framework} step" + (" (compiled model)" if compile else ""),
               flush=True)
         options = RunOptions(family=family, data="", framework=framework, compile=compile)
-        return _build_trainer(family, framework, model_cfg, tc, options)[0]
+        return build_trainer(family, framework, model_cfg, tc, options)[0]
 
     jax_steps = {"jaxformer": (build("jax"), None)}
     for v in args.jax_variants:

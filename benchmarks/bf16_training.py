@@ -116,7 +116,7 @@ def plot(report: dict, path: Path, window: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from jaxformer.training.loop import save_figure
+    from jaxformer.training.reporting import save_figure
 
     fig, (ax, dax) = plt.subplots(2, 1, figsize=(8, 7), sharex=True,
                                   gridspec_kw={"height_ratios": [2, 1]})

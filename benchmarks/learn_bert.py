@@ -15,11 +15,11 @@ and whose other lines are joined with spaces, bracketed stage directions removed
 a play. So next-sentence prediction asks "is B the reply to A in the same play?", a question
 about the dialogue, where a verse line's successor would often be the middle of its sentence.
 
-Pre-training: the examples of ``jaxformer.training.data`` (BERT's recipe: 50% next speech, 50% a
-random one; ``max_predictions`` masked positions per pair, 80/10/10), a WordPiece vocabulary
-learned from the training plays, ``TrainStep`` (JAX), the checkpoint written by the training
-checkpointer (orbax). Reported before and after on held-out plays: masked-token accuracy (argmax
-at the masked positions) and NSP accuracy.
+Pre-training: the examples of ``jaxformer.training.tasks.bert_pretraining`` (BERT's recipe: 50% next
+speech, 50% a random one; ``max_predictions`` masked positions per pair, 80/10/10), a WordPiece
+vocabulary learned from the training plays, ``TrainStep`` (JAX), the checkpoint written by the
+training checkpointer (orbax). Reported before and after on held-out plays: masked-token accuracy
+(argmax at the masked positions) and NSP accuracy.
 
 Fine-tuning: which of two plays, *As You Like It* or *Romeo and Juliet*, does a speech of at
 least 6 words come from? Both plays are held out of pre-training; a seeded quarter of each
@@ -199,7 +199,7 @@ def held_out_batches(dataset, size: int, limit: int) -> list[dict]:
 # ---------------------------------------------------------------------------------------- run
 
 def pretrain(args, train_plays, val_plays, work: Path) -> dict:
-    from jaxformer.training import data
+    from jaxformer.training import tasks
     from jaxformer.training.checkpoint import Checkpointer
     from jaxformer.training.step import TrainStep, build_model
     from jaxformer.training.vocab import wordpiece_tokenizer
@@ -207,8 +207,8 @@ def pretrain(args, train_plays, val_plays, work: Path) -> dict:
     train_text, val_text = bert_text(train_plays), bert_text(val_plays)
     tokenizer = wordpiece_tokenizer(train_text.splitlines(), args.vocab_size)
     model_cfg, config, _ = configs(args, tokenizer.get_vocab_size())
-    train_set, _ = data.build_datasets("bert", train_text, tokenizer, config)
-    val_set, _ = data.build_datasets("bert", val_text, tokenizer, config)
+    train_set, _ = tasks.build_datasets("bert", train_text, tokenizer, config)
+    val_set, _ = tasks.build_datasets("bert", val_text, tokenizer, config)
     print(f"pre-training: {len(train_set)} training speeches, {len(val_set)} held-out speeches, "
           f"vocabulary {tokenizer.get_vocab_size()}", flush=True)
     trainer = TrainStep("bert", build_model("bert", model_cfg, args.seed), config)
@@ -228,14 +228,14 @@ def pretrain(args, train_plays, val_plays, work: Path) -> dict:
 def finetune(args, pre: dict, val_plays) -> dict:
     from flax import nnx
 
-    from jaxformer.training import data
+    from jaxformer.training import tasks
     from jaxformer.training.checkpoint import Checkpointer
     from jaxformer.training.step import TrainStep, build_model
 
     tokenizer, (_, _, config) = pre["tokenizer"], configs(args, pre["tokenizer"].get_vocab_size())
     train_text, held_text = play_task(val_plays, args.seed)
-    train_set, _ = data.build_datasets("classifier", train_text, tokenizer, config)
-    val_set, _ = data.build_datasets("classifier", held_text, tokenizer, config)
+    train_set, _ = tasks.build_datasets("classifier", train_text, tokenizer, config)
+    val_set, _ = tasks.build_datasets("classifier", held_text, tokenizer, config)
     assert train_set.label_names == val_set.label_names == sorted(TASK_PLAYS)
     clf_cfg = dataclasses.replace(pre["model_config"], num_labels=2)
     print(f"fine-tuning: {len(train_set)} training speeches, {len(val_set)} held-out "

@@ -89,9 +89,9 @@ def train(trainer, batch_fn, steps: int, *, evaluate=None, eval_every: int = 0,
             elapsed = time.perf_counter() - began
             print(f"  [{name}] step {done}/{steps}  loss {result['loss']:.4f}  "
                   f"{elapsed:.0f}s", flush=True)
-        if evaluate is not None and ((eval_every and done % eval_every == 0) or done == steps):
-            if not history["evals"] or history["evals"][-1]["step"] != done:
-                record_eval(done)
+        if (evaluate is not None and ((eval_every and done % eval_every == 0) or done == steps)
+                and (not history["evals"] or history["evals"][-1]["step"] != done)):
+            record_eval(done)
     history["seconds"] = round(time.perf_counter() - began, 1)
     return history
 
@@ -104,7 +104,7 @@ def write_json(path: Path, obj) -> None:
 
 
 def save_figure(fig, path: Path) -> None:
-    from jaxformer.training.loop import save_figure
+    from jaxformer.training.reporting import save_figure
 
     save_figure(fig, path)
 

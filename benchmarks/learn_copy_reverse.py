@@ -5,7 +5,7 @@ token sequences, with jaxformer's ``Transformer`` trained by ``TrainStep`` (JAX)
                                                        # 2-core CPU)
     python benchmarks/learn_copy_reverse.py --steps 5  # smoke test
 
-The data (``jaxformer.training.tasks``): sequences of 4 to 12 symbols drawn uniformly from 10
+The data (``jaxformer.training.synthetic``): sequences of 4 to 12 symbols drawn uniformly from 10
 ordinary ids (after the five special tokens). Source ``x [SEP]``; decoder input ``[CLS] y``,
 labels ``y [SEP]`` with ``y = x`` (copy) or ``x`` reversed (reverse). Each training batch is
 drawn fresh from a generator seeded by the step; 1,000 held-out sequences per task come from
@@ -30,25 +30,25 @@ from pathlib import Path
 import learn_common
 import numpy as np
 
-from jaxformer.training import tasks
+from jaxformer.training import synthetic
 
-TASKS = tasks.TASKS
-PAD, BOS, EOS = (tasks.SPECIAL_IDS[name] for name in ("[PAD]", "[CLS]", "[SEP]"))
+TASKS = synthetic.SYNTHETIC_TASKS
+PAD, BOS, EOS = (synthetic.SPECIAL_IDS[name] for name in ("[PAD]", "[CLS]", "[SEP]"))
 SYMBOLS = 10  # the ordinary ids FIRST_ORDINARY_ID .. FIRST_ORDINARY_ID + 9
 MIN_LEN, MAX_LEN = 4, 12
 SEQ_LEN = MAX_LEN + 1  # the end token
-VOCAB = tasks.FIRST_ORDINARY_ID + SYMBOLS
+VOCAB = synthetic.FIRST_ORDINARY_ID + SYMBOLS
 EVAL_SIZE = 1000
 
 
 def pairs(task: str, count: int, seed) -> list[tuple[np.ndarray, np.ndarray]]:
-    return tasks.copy_reverse_pairs(count, task=task, vocab_size=VOCAB, min_len=MIN_LEN,
+    return synthetic.copy_reverse_pairs(count, task=task, vocab_size=VOCAB, min_len=MIN_LEN,
                                     max_len=MAX_LEN, seed=seed)
 
 
 def batch(task_pairs) -> dict[str, np.ndarray]:
-    """A transformer micro-batch (``data.BATCH_KEYS["transformer"]``), padded to ``SEQ_LEN``."""
-    return tasks.encoder_decoder_batch(task_pairs, SEQ_LEN)
+    """A transformer micro-batch (``tasks.SEQ2SEQ.batch_keys``), padded to ``SEQ_LEN``."""
+    return synthetic.encoder_decoder_batch(task_pairs, SEQ_LEN)
 
 
 class Stream:

@@ -63,8 +63,12 @@ JAX_ONLY = {
     "training/data.py": "host-side numpy batches: both frameworks train on the very same data",
     "training/vocab.py": "framework-free tokenizers: both twins train on the ids they give",
     "training/corpus.py": "fetches and splits a text corpus (host-side files, no model)",
-    "training/tasks.py": "framework-free synthetic copy/reverse batches both twins train on",
+    "training/synthetic.py": "framework-free synthetic copy/reverse batches both twins train on",
+    "training/tasks/": "framework-free objectives (dataset, loss name, model name): both twins "
+                       "select the same Task by its key",
     "training/loop.py": "one training loop that drives either framework's step",
+    "training/rundir.py": "the run directory of `jaxformer train` (files, no model)",
+    "training/reporting.py": "metrics lines, progress and plot of `jaxformer train` (no model)",
     "training/command.py": "the `jaxformer train` command",
     "generation/cli.py": "the `jaxformer generate` command (it runs either framework's generate)",
     "sharding/": "device meshes, logical-axis rules and jax.distributed: how JAX lays one "

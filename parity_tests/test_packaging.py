@@ -35,7 +35,10 @@ import pytest
 FRAMEWORK_FREE = ("jaxformer", "jaxformer.config", "jaxformer.validate", "jaxformer.numerics",
                   "jaxformer.generation.checks", "jaxformer.training.config",
                   "jaxformer.training.data", "jaxformer.training.vocab",
-                  "jaxformer.training.tasks")
+                  "jaxformer.training.synthetic", "jaxformer.training.tasks",
+                  "jaxformer.training.tasks.base", "jaxformer.training.tasks.causal_lm",
+                  "jaxformer.training.tasks.bert_pretraining", "jaxformer.training.tasks.seq2seq",
+                  "jaxformer.training.tasks.classification")
 FRAMEWORKS = ("jax", "jaxlib", "flax", "optax", "orbax", "torch")
 # Not dependencies of `pip install .`: a library import of any of them would fail for users.
 BLOCKED = ("torch", "torchvision", "transformers", "sentence_transformers")

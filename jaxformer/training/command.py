@@ -1,23 +1,21 @@
 """``jaxformer train``: its flags and what runs them (CLI glue, no twin).
 
-Every hyper-parameter flag fills one field of ``TrainConfig``; the rest fill ``loop.RunOptions``.
-Bad input ends with ``jaxformer train: error: ...`` naming the problem and exit status 2; a run
-whose loss stops being finite ends with exit status 1 and keeps its last good checkpoint.
+:data:`FLAGS` lists each flag once, in ``--help`` order, with the ``TrainConfig`` or
+``loop.RunOptions`` field it fills: the parser and both dataclasses are built from it. Bad input
+ends with ``jaxformer train: error: ...`` and exit status 2; a diverged run with exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from jaxformer.config import DTYPES, PARAM_DTYPES, REMAT_POLICIES
-from jaxformer.training.config import (
-    FAMILIES,
-    GPT_WINDOWS,
-    SCHEDULES,
-    TrainConfig,
-    TrainConfigError,
-)
+from jaxformer.frameworks import FRAMEWORKS
+from jaxformer.training import tasks
+from jaxformer.training.config import GPT_WINDOWS, SCHEDULES, TrainConfig, TrainConfigError
+from jaxformer.training.loop import PROGRESS, RunOptions
 
 DESCRIPTION = """\
 Train a model on a text file, in JAX (default) or with the PyTorch twin, and write per-step
@@ -39,154 +37,190 @@ nanoGPT's "baby GPT" on character-level Shakespeare (docs/training.md):
     --lr 1e-3 --min-lr 1e-4 --schedule cosine --warmup 100 --beta2 0.99 --weight-decay 0.1
     --clip 1 --eval-every 250 --eval-iters 20"""
 
+GROUPS = {"run": "what to train", "hyper": "hyper-parameters (TrainConfig)",
+          "output": "output, evaluation, checkpoints"}
+# (group, flags, field, argparse keywords), in --help order. ``field`` is the TrainConfig field
+# (group "hyper") or the RunOptions field the flag fills; the flag's default is that field's
+# unless the keywords give one (None: the task's default or one derived from --steps, see
+# config_from_args).
+FLAGS = [
+    ("run", ("--family",), "family",
+     dict(required=True, choices=sorted(tasks.TASKS),
+          help="model family and objective (see above)")),
+    ("run", ("--preset",), "preset",
+     dict(help="model size: a preset of the family's config (tiny, base, gpt2, simple_bert, ...; "
+               "default tiny)")),
+    ("run", ("--data",), "data", dict(required=True, metavar="PATH", help="the UTF-8 text file")),
+    ("run", ("--tokenizer",), "tokenizer",
+     dict(metavar="KIND|JSON",
+          help="char (one token per character, nanoGPT's shakespeare_char), bpe (byte-level, "
+               "GPT-2 style), wordpiece (the default), or the path of a tokenizers "
+               "tokenizer.json")),
+    ("run", ("--vocab-size",), "vocab_size",
+     dict(type=int, metavar="N",
+          help="size of the vocabulary trained on the file (default: the preset's)")),
+    ("run", ("--dropout",), "dropout",
+     dict(type=float, metavar="RATE",
+          help="replace every dropout rate of the preset (0 for parity runs)")),
+    ("run", ("--framework",), "framework",
+     dict(choices=FRAMEWORKS,
+          help="train the JAX model (default) or its PyTorch twin, from the same initial "
+               "weights and batches")),
+    ("run", ("--dtype",), "dtype",
+     dict(choices=DTYPES,
+          help="compute dtype (default: the preset's, float32); bfloat16 is mixed precision: "
+               "float32 parameters, bfloat16 matmuls and activations, float32 softmax, "
+               "LayerNorm statistics and loss; torch trains under torch.autocast "
+               "(docs/scale.md)")),
+    ("run", ("--param-dtype",), "param_dtype",
+     dict(choices=PARAM_DTYPES,
+          help="parameter storage dtype (default float32); bfloat16 with --dtype bfloat16 is "
+               "pure bfloat16, optimizer moments included")),
+    ("run", ("--scan-layers",), "scan_layers",
+     dict(action=argparse.BooleanOptionalAction,
+          help="stack the layers' parameters and run them with one scan: compile time flat in "
+               "depth, same results (default: unrolled)")),
+    ("run", ("--remat",), "remat",
+     dict(choices=REMAT_POLICIES,
+          help="recompute each block's activations in the backward pass with this policy "
+               "(default none; docs/scale.md)")),
+    ("run", ("--compile",), "compile",
+     dict(action="store_true", help="with --framework torch: run the model through torch.compile")),
+    ("run", ("--mesh",), "mesh",
+     dict(metavar="AXIS=N,...",
+          help="train sharded over a device mesh of the axes data, fsdp, tensor, e.g. "
+               "data=2,fsdp=2,tensor=2 (the product = the device count; one axis may be -1); "
+               "default one device")),
+
+    ("hyper", ("--steps",), "steps", dict(type=int, help="optimizer updates (default 1000)")),
+    ("hyper", ("--batch-size",), "batch_size",
+     dict(type=int, help="examples per update (default 8)")),
+    ("hyper", ("--accumulation-steps",), "accumulation_steps",
+     dict(type=int, metavar="K",
+          help="split each update's batch into K micro-batches and average their gradients "
+               "(default 1)")),
+    ("hyper", ("--seq-len",), "seq_len", dict(type=int, help="tokens per example (default 64)")),
+    ("hyper", ("--gpt-windows",), "gpt_windows",
+     dict(choices=GPT_WINDOWS,
+          help="gpt: packed (consecutive --seq-len windows in a seeded order, the default) or "
+               "random (seq-len + 1 tokens at seeded random offsets, the targets shifted by one: "
+               "nanoGPT's get_batch)")),
+    ("hyper", ("--lr",), "learning_rate",
+     dict(type=float, help="peak learning rate of AdamW (default 1e-3)")),
+    ("hyper", ("--min-lr",), "min_learning_rate",
+     dict(type=float, help="learning rate reached at the end of a linear or cosine decay")),
+    ("hyper", ("--warmup",), "warmup_steps",
+     dict(type=int, metavar="STEPS", default=None,
+          help="linear warm-up updates (default: a tenth of --steps)")),
+    ("hyper", ("--schedule",), "schedule",
+     dict(choices=SCHEDULES, default=None,
+          help="after warm-up: linear or cosine decay to --min-lr, constant, or the paper's "
+               "inverse square root (default: inverse_sqrt for transformer, linear otherwise)")),
+    ("hyper", ("--weight-decay",), "weight_decay",
+     dict(type=float,
+          help="AdamW decoupled weight decay on weight matrices (default 0.01; never on biases "
+               "and LayerNorm)")),
+    ("hyper", ("--decay-embeddings",), "decay_embeddings",
+     dict(action=argparse.BooleanOptionalAction,
+          help="also decay embedding tables (default yes)")),
+    ("hyper", ("--beta1",), "beta1", dict(type=float, help="AdamW beta1 (default 0.9)")),
+    ("hyper", ("--beta2",), "beta2", dict(type=float, help="AdamW beta2 (default 0.999)")),
+    ("hyper", ("--eps",), "eps", dict(type=float, help="AdamW epsilon (default 1e-8)")),
+    ("hyper", ("--clip",), "clip_norm",
+     dict(type=float,
+          help="clip the gradients' global norm to this (torch's formula; 0 = off; default 1)")),
+    ("hyper", ("--label-smoothing",), "label_smoothing",
+     dict(type=float, default=None,
+          help="seq2seq label smoothing (default 0.1 for transformer, as the paper)")),
+    ("hyper", ("--mlm-probability",), "mlm_probability",
+     dict(type=float, help="bert: fraction of tokens chosen for masked LM (default 0.15)")),
+    ("hyper", ("--seed",), "seed",
+     dict(type=int, help="weights, dropout and data order (default 0)")),
+
+    ("output", ("--checkpoint-dir",), "checkpoint_dir",
+     dict(metavar="DIR",
+          help="the run directory: run.json, tokenizer.json, checkpoints/, and by default "
+               "metrics.jsonl and metrics.png (default runs/FAMILY-PRESET)")),
+    ("output", ("--checkpoint-every",), "checkpoint_every",
+     dict(type=int, metavar="K",
+          help="save a checkpoint every K updates (default 0: only at the end)")),
+    ("output", ("--keep",), "keep", dict(type=int, help="checkpoints kept (default 3)")),
+    ("output", ("--resume",), "resume",
+     dict(action="store_true",
+          help="continue the run in --checkpoint-dir from its latest checkpoint (the flags must "
+               "describe the same run)")),
+    ("output", ("--metrics",), "metrics",
+     dict(metavar="FILE",
+          help="JSON lines, one per update: step, loss, learning_rate, grad_norm, seconds, "
+               "tokens_per_s, model_tflops_per_s, mfu (with --peak-tflops), eval_loss (default "
+               "DIR/metrics.jsonl)")),
+    ("output", ("--plot",), "plot",
+     dict(metavar="PNG", help="loss curve (default: the metrics path, .png)")),
+    ("output", ("--eval-every",), "eval_every",
+     dict(type=int, metavar="K",
+          help="every K updates, the loss on the held-out tenth of the data or on --val-data "
+               "(default 0: no evaluation, nothing held out)")),
+    ("output", ("--eval-batches", "--eval-iters"), "eval_batches",
+     dict(type=int, metavar="N",
+          help="batches per evaluation, the same ones each time (default 4)")),
+    ("output", ("--val-data",), "val_data",
+     dict(metavar="PATH",
+          help="a validation text file: evaluate on it (metrics key val_loss) instead of "
+               "holding out the data file's last tenth")),
+    ("output", ("--progress",), "progress",
+     dict(choices=PROGRESS,
+          help="a progress bar on a terminal, plain lines otherwise (default auto)")),
+    ("output", ("--log-every",), "log_every",
+     dict(type=int, metavar="K", help="plain progress: one line every K updates (default 10)")),
+    ("output", ("--peak-tflops",), "peak_tflops",
+     dict(type=float, help="the device's peak TFLOP/s, to report MFU")),
+    ("output", ("--export-hf",), "export_hf",
+     dict(metavar="DIR",
+          help="at the end, write the trained bert, classifier or gpt model as a Hugging Face "
+               "directory (transformers loads it) with tokenizer.json")),
+]
+
+
+def _fields(group: str) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(TrainConfig if group == "hyper" else RunOptions)}
+
+
+def _dest(flags: tuple[str, ...]) -> str:
+    """The attribute argparse stores a flag under (its first long name)."""
+    return flags[0].removeprefix("--").replace("-", "_")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    run = parser.add_argument_group("what to train")
-    run.add_argument("--family", required=True, choices=sorted(FAMILIES),
-                     help="model family and objective (see above)")
-    run.add_argument("--preset", default="tiny",
-                     help="model size: a preset of the family's config (tiny, base, gpt2, "
-                          "simple_bert, ...; default tiny)")
-    run.add_argument("--data", required=True, metavar="PATH", help="the UTF-8 text file")
-    run.add_argument("--tokenizer", metavar="KIND|JSON",
-                     help="char (one token per character, nanoGPT's shakespeare_char), bpe "
-                          "(byte-level, GPT-2 style), wordpiece (the default), or the path of a "
-                          "tokenizers tokenizer.json")
-    run.add_argument("--vocab-size", type=int, metavar="N",
-                     help="size of the vocabulary trained on the file (default: the preset's)")
-    run.add_argument("--dropout", type=float, metavar="RATE",
-                     help="replace every dropout rate of the preset (0 for parity runs)")
-    run.add_argument("--framework", choices=("jax", "torch"), default="jax",
-                     help="train the JAX model (default) or its PyTorch twin, from the same "
-                          "initial weights and batches")
-    run.add_argument("--dtype", choices=DTYPES,
-                     help="compute dtype (default: the preset's, float32); bfloat16 is mixed "
-                          "precision: float32 parameters, bfloat16 matmuls and activations, "
-                          "float32 softmax, LayerNorm statistics and loss; torch trains under "
-                          "torch.autocast (docs/scale.md)")
-    run.add_argument("--param-dtype", choices=PARAM_DTYPES,
-                     help="parameter storage dtype (default float32); bfloat16 with --dtype "
-                          "bfloat16 is pure bfloat16, optimizer moments included")
-    run.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=None,
-                     help="stack the layers' parameters and run them with one scan: compile "
-                          "time flat in depth, same results (default: unrolled)")
-    run.add_argument("--remat", choices=REMAT_POLICIES,
-                     help="recompute each block's activations in the backward pass with this "
-                          "policy (default none; docs/scale.md)")
-    run.add_argument("--compile", action="store_true",
-                     help="with --framework torch: run the model through torch.compile")
-    run.add_argument("--mesh", metavar="AXIS=N,...",
-                     help="train sharded over a device mesh of the axes data, fsdp, tensor, "
-                          "e.g. data=2,fsdp=2,tensor=2 (the product = the device count; one "
-                          "axis may be -1); default one device")
+    groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
+    for group, flags, field, keywords in FLAGS:
+        default = _fields(group)[field].default
+        if "default" not in keywords and default is not dataclasses.MISSING:
+            keywords = {"default": default, **keywords}
+        groups[group].add_argument(*flags, **keywords)
 
-    hyper = parser.add_argument_group("hyper-parameters (TrainConfig)")
-    hyper.add_argument("--steps", type=int, default=1000, help="optimizer updates (default 1000)")
-    hyper.add_argument("--batch-size", type=int, default=8,
-                       help="examples per update (default 8)")
-    hyper.add_argument("--accumulation-steps", type=int, default=1, metavar="K",
-                       help="split each update's batch into K micro-batches and average their "
-                            "gradients (default 1)")
-    hyper.add_argument("--seq-len", type=int, default=64, help="tokens per example (default 64)")
-    hyper.add_argument("--gpt-windows", choices=GPT_WINDOWS, default="packed",
-                       help="gpt: packed (consecutive --seq-len windows in a seeded order, the "
-                            "default) or random (seq-len + 1 tokens at seeded random offsets, "
-                            "the targets shifted by one: nanoGPT's get_batch)")
-    hyper.add_argument("--lr", type=float, default=1e-3,
-                       help="peak learning rate of AdamW (default 1e-3)")
-    hyper.add_argument("--min-lr", type=float, default=0.0,
-                       help="learning rate reached at the end of a linear or cosine decay")
-    hyper.add_argument("--warmup", type=int, metavar="STEPS",
-                       help="linear warm-up updates (default: a tenth of --steps)")
-    hyper.add_argument("--schedule", choices=SCHEDULES,
-                       help="after warm-up: linear or cosine decay to --min-lr, constant, or the "
-                            "paper's inverse square root (default: inverse_sqrt for transformer, "
-                            "linear otherwise)")
-    hyper.add_argument("--weight-decay", type=float, default=0.01,
-                       help="AdamW decoupled weight decay on weight matrices (default 0.01; "
-                            "never on biases and LayerNorm)")
-    hyper.add_argument("--decay-embeddings", action=argparse.BooleanOptionalAction,
-                       default=True, help="also decay embedding tables (default yes)")
-    hyper.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1 (default 0.9)")
-    hyper.add_argument("--beta2", type=float, default=0.999, help="AdamW beta2 (default 0.999)")
-    hyper.add_argument("--eps", type=float, default=1e-8, help="AdamW epsilon (default 1e-8)")
-    hyper.add_argument("--clip", type=float, default=1.0,
-                       help="clip the gradients' global norm to this (torch's formula; 0 = off; "
-                            "default 1)")
-    hyper.add_argument("--label-smoothing", type=float,
-                       help="seq2seq label smoothing (default 0.1 for transformer, as the paper)")
-    hyper.add_argument("--mlm-probability", type=float, default=0.15,
-                       help="bert: fraction of tokens chosen for masked LM (default 0.15)")
-    hyper.add_argument("--seed", type=int, default=0,
-                       help="weights, dropout and data order (default 0)")
 
-    out = parser.add_argument_group("output, evaluation, checkpoints")
-    out.add_argument("--checkpoint-dir", metavar="DIR",
-                     help="the run directory: run.json, tokenizer.json, checkpoints/, and by "
-                          "default metrics.jsonl and metrics.png (default runs/FAMILY-PRESET)")
-    out.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
-                     help="save a checkpoint every K updates (default 0: only at the end)")
-    out.add_argument("--keep", type=int, default=3, help="checkpoints kept (default 3)")
-    out.add_argument("--resume", action="store_true",
-                     help="continue the run in --checkpoint-dir from its latest checkpoint "
-                          "(the flags must describe the same run)")
-    out.add_argument("--metrics", metavar="FILE",
-                     help="JSON lines, one per update: step, loss, learning_rate, grad_norm, "
-                          "seconds, tokens_per_s, model_tflops_per_s, mfu (with --peak-tflops), "
-                          "eval_loss (default DIR/metrics.jsonl)")
-    out.add_argument("--plot", metavar="PNG", help="loss curve (default: the metrics path, .png)")
-    out.add_argument("--eval-every", type=int, default=0, metavar="K",
-                     help="every K updates, the loss on the held-out tenth of the data or on "
-                          "--val-data (default 0: no evaluation, nothing held out)")
-    out.add_argument("--eval-batches", "--eval-iters", type=int, default=4, metavar="N",
-                     help="batches per evaluation, the same ones each time (default 4)")
-    out.add_argument("--val-data", metavar="PATH",
-                     help="a validation text file: evaluate on it (metrics key val_loss) "
-                          "instead of holding out the data file's last tenth")
-    out.add_argument("--progress", choices=("auto", "bar", "plain", "none"), default="auto",
-                     help="a progress bar on a terminal, plain lines otherwise (default auto)")
-    out.add_argument("--log-every", type=int, default=10, metavar="K",
-                     help="plain progress: one line every K updates (default 10)")
-    out.add_argument("--peak-tflops", type=float,
-                     help="the device's peak TFLOP/s, to report MFU")
-    out.add_argument("--export-hf", metavar="DIR",
-                     help="at the end, write the trained bert, classifier or gpt model as a "
-                          "Hugging Face directory (transformers loads it) with tokenizer.json")
+def _values(args, group: str) -> dict:
+    """The fields of ``group``'s dataclass that flags fill, from the parsed ``args``."""
+    return {field: getattr(args, _dest(flags)) for g, flags, field, _ in FLAGS if g == group}
 
 
 def config_from_args(args) -> TrainConfig:
-    schedule = args.schedule or ("inverse_sqrt" if args.family == "transformer" else "linear")
-    warmup = args.warmup if args.warmup is not None else max(1, args.steps // 10)
-    smoothing = args.label_smoothing
-    if smoothing is None:
-        smoothing = 0.1 if args.family == "transformer" else 0.0
-    return TrainConfig(
-        steps=args.steps, batch_size=args.batch_size, accumulation_steps=args.accumulation_steps,
-        seq_len=args.seq_len, gpt_windows=args.gpt_windows, learning_rate=args.lr,
-        min_learning_rate=args.min_lr,
-        warmup_steps=warmup, schedule=schedule, beta1=args.beta1, beta2=args.beta2,
-        eps=args.eps, weight_decay=args.weight_decay, decay_embeddings=args.decay_embeddings,
-        clip_norm=args.clip, label_smoothing=smoothing, mlm_probability=args.mlm_probability,
-        seed=args.seed)
+    task = tasks.get(args.family)
+    values = _values(args, "hyper")
+    values["schedule"] = args.schedule or task.default_schedule
+    values["warmup_steps"] = args.warmup if args.warmup is not None else max(1, args.steps // 10)
+    if args.label_smoothing is None:
+        values["label_smoothing"] = task.default_label_smoothing
+    return TrainConfig(**values)
 
 
 def run(args) -> int:
     from jaxformer.training import loop
-    from jaxformer.training.data import DataError
+    from jaxformer.training.vocab import DataError
 
     try:
         config = config_from_args(args)
-        options = loop.RunOptions(
-            family=args.family, data=args.data, preset=args.preset, framework=args.framework,
-            tokenizer=args.tokenizer, vocab_size=args.vocab_size, dropout=args.dropout,
-            dtype=args.dtype, param_dtype=args.param_dtype, scan_layers=args.scan_layers,
-            remat=args.remat,
-            checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-            keep=args.keep, resume=args.resume, metrics=args.metrics, plot=args.plot,
-            eval_every=args.eval_every, eval_batches=args.eval_batches,
-            val_data=args.val_data, progress=args.progress,
-            log_every=args.log_every, peak_tflops=args.peak_tflops, compile=args.compile,
-            export_hf=args.export_hf, mesh=args.mesh)
+        options = RunOptions(**_values(args, "run"), **_values(args, "output"))
         result = loop.train(config, options)
     except (TrainConfigError, DataError, loop.ResumeError, ValueError) as error:
         print(f"jaxformer train: error: {error}", file=sys.stderr)

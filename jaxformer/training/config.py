@@ -1,14 +1,9 @@
 """Training hyper-parameters: one frozen ``TrainConfig`` that both frameworks read (stdlib only).
 
 ``torch_ref.training`` imports this module, as it imports ``jaxformer.config``, so a JAX run and
-its torch twin can never be configured differently. Every default on which optax and torch differ
-is a field here and is passed explicitly to both (AdamW's betas, eps and weight decay; the
-clipping threshold; label smoothing; the ignore index of the losses).
-
-Also here, because both sides and the loop need them without a framework: the families that can
-be trained (:data:`FAMILIES`), their model configs by preset (:func:`model_config`), and the run
-identity a checkpoint records so that ``--resume`` refuses a run of another family or config
-(:func:`run_identity`, :func:`identity_differences`).
+its torch twin can never be configured differently. Also here: the run identity that ``--resume``
+compares (:func:`run_identity`). What depends on the objective belongs to its Task
+(``jaxformer.training.tasks``).
 """
 
 from __future__ import annotations
@@ -17,20 +12,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from jaxformer.config import BertConfig, GPTConfig, TransformerConfig
-
 IGNORE_INDEX = -100  # label value that contributes nothing to a loss, as in torch
 SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant")
 GPT_WINDOWS = ("packed", "random")  # how gpt examples are cut from the token stream
-
-# family -> (model config class, the model each framework trains)
-FAMILIES = {
-    "bert": BertConfig,  # BertForPreTraining: masked LM + next sentence
-    "gpt": GPTConfig,  # GPT: causal LM
-    "transformer": TransformerConfig,  # Transformer: sequence to sequence, label smoothing
-    "classifier": BertConfig,  # BertForSequenceClassification
-}
-PRESET_ALIASES = {"base": {"gpt": "gpt2"}}  # `--preset base` reads GPT-2 small for gpt
 
 
 class TrainConfigError(ValueError):
@@ -51,6 +35,10 @@ class TrainConfig:
     ``learning_rate`` to ``min_learning_rate`` at the last update (``linear``, ``cosine``) or stays
     (``constant``); ``inverse_sqrt`` is the paper's ``min((n+1)/warmup, sqrt(warmup/(n+1)))``
     scaled to peak at ``learning_rate``. ``clip_norm`` 0 turns clipping off.
+
+    Every default on which optax and torch differ is a field here and is passed explicitly to
+    both (AdamW's betas, eps and weight decay; the clipping threshold; label smoothing); the
+    losses' ignore index is :data:`IGNORE_INDEX`.
     """
 
     steps: int = 1000
@@ -124,56 +112,6 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def preset_names(family: str) -> list[str]:
-    """The presets (classmethods) of ``family``'s model config."""
-    cls = _family_class(family)
-    names = [name for name, attr in vars(cls).items() if isinstance(attr, classmethod)]
-    return sorted(names + [alias for alias, table in PRESET_ALIASES.items() if family in table])
-
-
-def _family_class(family: str):
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; choose one of {sorted(FAMILIES)}")
-    return FAMILIES[family]
-
-
-def model_config(family: str, preset: str, *, vocab_size: int | None = None,
-                 pad_id: int | None = None, num_labels: int | None = None,
-                 dropout: float | None = None, dtype: str | None = None,
-                 param_dtype: str | None = None, scan_layers: bool | None = None,
-                 remat: str | None = None):
-    """``family``'s model config from ``preset``, sized to the tokenizer's vocabulary and pad id,
-    with ``dropout`` (when given) replacing every dropout rate of the preset, and ``dtype``,
-    ``param_dtype``, ``scan_layers`` and ``remat`` (when given) replacing the preset's (the
-    config checks them)."""
-    cls = _family_class(family)
-    name = PRESET_ALIASES.get(preset, {}).get(family, preset)
-    if name not in preset_names(family):
-        raise ValueError(f"family {family!r} has no preset {preset!r}; choose one of "
-                         f"{preset_names(family)}")
-    config = getattr(cls, name)()
-    changes = {}
-    if dropout is not None:
-        changes.update(dropout_rate=dropout, attention_dropout_rate=dropout)
-    if vocab_size is not None:
-        if family == "transformer":
-            changes.update(src_vocab_size=vocab_size, tgt_vocab_size=vocab_size)
-        else:
-            changes.update(vocab_size=vocab_size)
-    if pad_id is not None:
-        if family == "transformer":
-            changes.update(src_pad_id=pad_id, tgt_pad_id=pad_id)
-        else:
-            changes.update(pad_token_id=pad_id)
-    if num_labels is not None:
-        changes.update(num_labels=num_labels)
-    for name, value in (("dtype", dtype), ("param_dtype", param_dtype),
-                        ("scan_layers", scan_layers), ("remat", remat)):
-        if value is not None:
-            changes[name] = value
-    return dataclasses.replace(config, **changes)
 
 
 def run_identity(family: str, framework: str, model_cfg, train_cfg: TrainConfig,

@@ -1,41 +1,29 @@
 """The training loop behind ``jaxformer train``, for either framework (shared glue, no twin).
 
-One run lives in one directory (``--checkpoint-dir``): ``run.json`` (the run identity: family,
-framework, model and train configs, the data file's hash), ``tokenizer.json``, ``checkpoints/``,
-and by default ``metrics.jsonl`` and ``loss.png``. ``--resume`` refuses a directory whose identity
-differs from the current flags (naming each difference, writing nothing), restores the latest
-checkpoint, drops the metrics lines after it and continues; the batches are a function of the step
-(``data.Dataset``), so the resumed run sees exactly the batches the uninterrupted one would have.
-
-``--framework torch`` trains the torch twin through the same loop, from the very weights
-``--framework jax`` starts from (built by jaxformer from ``--seed``, copied with
-``checkpoints.convert``), so the two runs' losses can be compared step by step. Dropout masks come
-from each framework's own generator, so they match only at dropout 0.
+:func:`prepare` does everything before the first step (every refusal first); :func:`train` runs
+the step of ``frameworks.module(framework, "training.step")``, evaluates, checkpoints, and
+reports through ``reporting``; the run's files are ``rundir``'s. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jaxformer.training import data, vocab
-from jaxformer.training.config import TrainConfig, identity_differences, model_config, run_identity
+from jaxformer import frameworks
+from jaxformer.training import data, reporting, rundir, tasks, vocab
+from jaxformer.training.config import TrainConfig, run_identity
+from jaxformer.training.rundir import ResumeError
 
-FRAMEWORKS = ("jax", "torch")
+__all__ = ["FRAMEWORKS", "PROGRESS", "ResumeError", "RunOptions", "RunResult",
+           "TrainingDiverged", "build_trainer", "data_tokens", "export_hf", "prepare", "train"]
+
+FRAMEWORKS = frameworks.FRAMEWORKS
 PROGRESS = ("auto", "bar", "plain", "none")
-HF_EXPORTS = ("bert", "classifier", "gpt")  # families checkpoints.hf.save_pretrained writes
-# evaluation keys of a metrics line: on the held-out tenth of the data file, or on --val-data
-EVAL_KEYS = ("eval_loss", "val_loss")
-_FLOPS_MODELS = {"bert": "BertForPreTraining", "classifier": "BertForSequenceClassification"}
-
-
-class ResumeError(ValueError):
-    """The run directory cannot be (re)used as asked: names the reason or every difference."""
 
 
 class TrainingDiverged(RuntimeError):
@@ -86,9 +74,9 @@ class RunOptions:
                  (self.log_every >= 1, "log_every", "at least 1"),
                  (self.vocab_size is None or self.vocab_size >= 8, "vocab_size", "at least 8"),
                  (self.peak_tflops is None or self.peak_tflops > 0, "peak_tflops", "positive"),
-                 (self.export_hf is None or self.family in HF_EXPORTS, "export_hf",
-                  f"only given for {sorted(HF_EXPORTS)} (Hugging Face has no {self.family} "
-                  f"model jaxformer exports)"),
+                 (self.export_hf is None or _hf_export(self.family), "export_hf",
+                  f"only given for {sorted(n for n, t in tasks.TASKS.items() if t.hf_export)} "
+                  f"(Hugging Face has no {self.family} model jaxformer exports)"),
                  (self.mesh is None or self.framework == "jax", "mesh",
                   "given only with framework jax (the torch twin runs on one device)")]
         for ok, name, rule in rules:
@@ -106,61 +94,22 @@ class RunResult:
     losses: list[float]  # of this session's steps
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def _hf_export(family: str) -> bool:
+    return family in tasks.TASKS and tasks.TASKS[family].hf_export
 
 
-def _read_metrics(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def build_trainer(family, framework, model_cfg, config, options):
+    """The step and the checkpointer class of ``framework``, from the seed's weights: the torch
+    twin starts from the very weights jaxformer initialises (a numpy state dict)."""
+    weights = None
+    if framework != "jax":
+        from jaxformer.checkpoints import convert
+        from jaxformer.training import step as jax_step
 
-
-def _vocab_of(config) -> int:
-    return getattr(config, "vocab_size", None) or config.tgt_vocab_size
-
-
-def _build_trainer(family, framework, model_cfg, config, options):
-    """The step and the checkpointer of ``framework``, starting from the seed's weights."""
-    from jaxformer.training import step as jax_step
-
-    model = jax_step.build_model(family, model_cfg, config.seed)
-    if framework == "jax":
-        from jaxformer.training.checkpoint import Checkpointer
-
-        mesh = None
-        if options.mesh:
-            from jaxformer.sharding import make_mesh
-
-            mesh = make_mesh(options.mesh)
-        return jax_step.TrainStep(family, model, config, mesh=mesh), Checkpointer
-    import torch
-
-    from jaxformer.checkpoints import convert
-    from torch_ref.training import step as torch_step
-    from torch_ref.training.checkpoint import Checkpointer
-
-    torch_model = torch_step.build_model(family, model_cfg, config.seed)  # seeds dropout too
-    weights = {k: torch.from_numpy(v) for k, v in convert.nnx_to_torch(model).items()}
-    torch_model.load_state_dict(weights, strict=True)
-    if options.compile:
-        torch_model.compile()  # in place: the module and its state_dict keys stay
-    return torch_step.TrainStep(family, torch_model, config), Checkpointer
-
-
-def _step_flops(family, model_cfg, config: TrainConfig) -> int | None:
-    try:
-        from jaxformer.models import flops
-    except ImportError:
-        return None
-    B, T = config.batch_size, config.seq_len
-    if family == "transformer":
-        return flops.train_step_flops(model_cfg, B, T, T)
-    if family in _FLOPS_MODELS:
-        return flops.train_step_flops(model_cfg, B, T, model=_FLOPS_MODELS[family])
-    return flops.train_step_flops(model_cfg, B, T)
+        weights = convert.nnx_to_torch(jax_step.build_model(family, model_cfg, config.seed))
+    step = frameworks.module(framework, "training.step")
+    checkpointer = frameworks.module(framework, "training.checkpoint").Checkpointer
+    return step.build_trainer(family, model_cfg, config, options, weights), checkpointer
 
 
 def prepare(config: TrainConfig, options: RunOptions):
@@ -170,39 +119,35 @@ def prepare(config: TrainConfig, options: RunOptions):
         from jaxformer.sharding import check_batch_size, make_mesh
 
         check_batch_size(config.micro_batch_size, make_mesh(options.mesh))
-    run_dir = Path(options.checkpoint_dir or f"runs/{options.family}-{options.preset}")
-    run_json = run_dir / "run.json"
-    if options.resume and not run_json.is_file():
-        raise ResumeError(f"--resume: {run_dir} holds no run to resume (no run.json)")
-    if not options.resume and (run_json.is_file() or (run_dir / "checkpoints").exists()):
-        raise ResumeError(f"{run_dir} already holds a run; pass --resume to continue it or "
-                          f"choose another --checkpoint-dir (nothing was overwritten)")
+    run_dir = rundir.run_directory(options.checkpoint_dir, options.family, options.preset)
+    rundir.check_usable(run_dir, options.resume)
     if config.gpt_windows != "packed" and options.family != "gpt":
         raise ValueError(f"gpt_windows {config.gpt_windows!r} is for the gpt family only, got "
                          f"family {options.family!r}")
     text = data.read_text(options.data)
     val_text = data.read_text(options.val_data) if options.val_data else None
-    base = model_config(options.family, options.preset)
+    task = tasks.get(options.family)
+    base = task.model_config(options.preset)
     if options.resume:
-        tokenizer = data.load_tokenizer(run_dir / "tokenizer.json")
+        tokenizer = vocab.load_tokenizer(run_dir / "tokenizer.json")
     elif options.tokenizer:
         # a character vocabulary spans both files, as nanoGPT's spans its whole corpus; learned
         # vocabularies see the training text only
         vocab_text = text + (val_text or "") if options.tokenizer == "char" else text
         tokenizer = vocab.build_tokenizer(options.tokenizer, vocab_text,
-                                          options.vocab_size or _vocab_of(base))
+                                          options.vocab_size or task.vocab_size(base))
     else:
         tokenizer = vocab.wordpiece_tokenizer(text.splitlines(),
-                                              options.vocab_size or _vocab_of(base))
+                                              options.vocab_size or task.vocab_size(base))
     eval_fraction = 0.1 if options.eval_every and val_text is None else 0.0
-    train_set, eval_set = data.build_datasets(options.family, text, tokenizer, config,
-                                              eval_fraction, eval_text=val_text)
-    specials = data.special_ids(tokenizer, options.family)
-    model_cfg = model_config(options.family, options.preset,
-                             vocab_size=tokenizer.get_vocab_size(), pad_id=specials.get("[PAD]"),
-                             num_labels=train_set.num_labels, dropout=options.dropout,
-                             dtype=options.dtype, param_dtype=options.param_dtype,
-                             scan_layers=options.scan_layers, remat=options.remat)
+    train_set, eval_set = task.build_datasets(text, tokenizer, config, eval_fraction,
+                                              eval_text=val_text)
+    specials = task.special_ids(tokenizer)
+    model_cfg = task.model_config(options.preset, vocab_size=tokenizer.get_vocab_size(),
+                                  pad_id=specials.get("[PAD]"), num_labels=train_set.num_labels,
+                                  dropout=options.dropout, dtype=options.dtype,
+                                  param_dtype=options.param_dtype,
+                                  scan_layers=options.scan_layers, remat=options.remat)
     if config.seq_len > model_cfg.max_position_embeddings:
         raise ValueError(f"seq_len ({config.seq_len}) exceeds the {options.preset} preset's "
                          f"max_position_embeddings ({model_cfg.max_position_embeddings})")
@@ -211,25 +156,23 @@ def prepare(config: TrainConfig, options: RunOptions):
     if options.val_data:
         identity["val_data_sha256"] = data.file_sha256(options.val_data)
     if options.resume:
-        saved = json.loads(run_json.read_text())["identity"]
-        differences = identity_differences(saved, identity)
-        if differences:
-            raise ResumeError(f"cannot resume {run_dir}: its run differs from this one "
-                              f"(nothing was written):\n  " + "\n  ".join(differences))
+        rundir.check_identity(run_dir, identity)
     else:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(str(run_dir / "tokenizer.json"))
-        _write_atomic(run_json, json.dumps(
-            {"identity": identity, "label_names": getattr(train_set, "label_names", None)},
-            indent=1))
+        rundir.write_run(run_dir, identity, tokenizer, getattr(train_set, "label_names", None))
     return run_dir, identity, model_cfg, train_set, eval_set
 
 
 def train(config: TrainConfig, options: RunOptions) -> RunResult:
+    """The run ``options`` describe. ``--resume`` restores the latest checkpoint, drops the
+    metrics lines after it and continues; the batches are a function of the step
+    (``data.Dataset``), so the resumed run sees exactly the batches the uninterrupted one would
+    have. ``--framework torch`` trains the torch twin from the very weights ``--framework jax``
+    starts from, so the two runs' losses can be compared step by step; dropout masks come from
+    each framework's own generator, so they match only at dropout 0."""
     run_dir, identity, model_cfg, train_set, eval_set = prepare(config, options)
     family = options.family
-    trainer, checkpointer_cls = _build_trainer(family, options.framework, model_cfg, config,
-                                               options)
+    trainer, checkpointer_cls = build_trainer(family, options.framework, model_cfg, config,
+                                              options)
     checkpointer = checkpointer_cls(run_dir / "checkpoints", keep=options.keep)
     stream = options.stream or sys.stdout
     start = 0
@@ -244,9 +187,10 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
         print(f"{run_dir} has no checkpoint yet: starting from step 0", file=stream)
     metrics_path = Path(options.metrics) if options.metrics else run_dir / "metrics.jsonl"
     plot_path = Path(options.plot) if options.plot else metrics_path.with_suffix(".png")
-    kept = [r for r in _read_metrics(metrics_path) if r["step"] <= start] if options.resume else []
-    _write_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
-    step_flops = _step_flops(family, model_cfg, config)
+    kept = ([r for r in reporting.read_metrics(metrics_path) if r["step"] <= start]
+            if options.resume else [])
+    rundir.write_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+    step_flops = tasks.get(family).step_flops(model_cfg, config)
     eval_sets = eval_set.eval_batches(options.eval_batches) if eval_set is not None else []
     eval_key = "val_loss" if options.val_data else "eval_loss"  # the validation file's, or not
     use_bar = options.progress == "bar" or (options.progress == "auto" and sys.stderr.isatty())
@@ -289,7 +233,8 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
                 losses.append(result["loss"])
-                _report(record, config.steps, bar, options, stream, last)
+                reporting.report(record, config.steps, bar, options.progress,
+                                 options.log_every, stream, last)
                 if options.checkpoint_every and (step + 1) % options.checkpoint_every == 0:
                     save()
                     saved_at = trainer.step
@@ -301,9 +246,10 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
         if bar is not None:
             bar.close()
         checkpointer.close()
-        records = _read_metrics(metrics_path)
+        records = reporting.read_metrics(metrics_path)
         if records:
-            plot_losses(records, plot_path, f"{family} {options.preset} ({options.framework})")
+            reporting.plot_losses(records, plot_path,
+                                  f"{family} {options.preset} ({options.framework})")
     return RunResult(run_dir, metrics_path, plot_path, start, trainer.step, losses)
 
 
@@ -321,60 +267,3 @@ def export_hf(model, run_dir: Path, path: Path) -> None:
 def data_tokens(dataset: data.Dataset, config: TrainConfig) -> int:
     """Token positions of one update: examples times tokens per example (padding included)."""
     return config.batch_size * dataset.tokens_per_example
-
-
-def _report(record: dict, total: int, bar, options: RunOptions, stream, last: bool) -> None:
-    if bar is not None:
-        postfix = {"loss": f"{record['loss']:.4f}", "lr": f"{record['learning_rate']:.2e}"}
-        for key in EVAL_KEYS:
-            if key in record:
-                postfix[key.removesuffix("_loss")] = f"{record[key]:.4f}"
-        bar.set_postfix(postfix, refresh=False)
-        bar.update(1)
-    elif options.progress != "none" and (record["step"] % options.log_every == 0 or last
-                                         or record["step"] == 1
-                                         or any(key in record for key in EVAL_KEYS)):
-        line = (f"step {record['step']}/{total}  loss {record['loss']:.6f}  "
-                f"lr {record['learning_rate']:.3e}  grad_norm {record['grad_norm']:.4f}  "
-                f"tokens/s {record['tokens_per_s']:.0f}")
-        for key in EVAL_KEYS:
-            if key in record:
-                line += f"  {key} {record[key]:.6f}"
-        print(line, file=stream, flush=True)
-
-
-def plot_losses(records: list[dict], path: Path, title: str) -> None:
-    """The loss curve (and the learning rate below it) as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [r["step"] for r in records]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True,
-                                      gridspec_kw={"height_ratios": [3, 1]})
-    top.plot(steps, [r["loss"] for r in records], label="train loss")
-    for key in EVAL_KEYS:
-        evals = [(r["step"], r[key]) for r in records if key in r]
-        if evals:
-            top.plot(*zip(*evals), "o-", label=key.replace("_", " "))
-    top.set_ylabel("loss")
-    top.set_title(title)
-    top.legend()
-    top.grid(alpha=0.3)
-    bottom.plot(steps, [r["learning_rate"] for r in records], color="tab:green")
-    bottom.set_ylabel("learning rate")
-    bottom.set_xlabel("step")
-    bottom.grid(alpha=0.3)
-    save_figure(fig, path)
-
-
-def save_figure(fig, path: Path) -> None:
-    """A matplotlib figure as a PNG, atomically (a temporary file renamed into place), closed."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)

@@ -1,17 +1,8 @@
 """Training losses in JAX, with torch's semantics. Twin: ``torch_ref/training/losses.py``.
 
-Everything is built on :func:`cross_entropy`, which computes what
-``torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=eps)``
-computes with its default mean reduction: the mean, over the targets whose label is not
-``ignore_index``, of ``(1 - eps) * nll + eps * mean_c(-log p_c)``. One deliberate difference:
-when every target is ignored torch returns NaN (0 / 0), here the loss is 0 (and so are its
-gradients), so that a batch without a masked token cannot poison a run.
-``optax.softmax_cross_entropy_with_integer_labels`` knows no ignore index; the masking is written
-once, here.
-
-Labels are checked on the host when concrete (a clear ``ValueError``); under ``jit`` an
-out-of-range label (other than the ignore index) makes the loss NaN instead of reading a wrong
-class, and the training loop stops on a NaN loss.
+Everything is built on :func:`cross_entropy` (torch's ignore index and label smoothing, written
+once here since optax knows no ignore index). Each Task (``training.tasks``) names its
+``*_batch_loss`` function here, and the torch twin defines one of the same name.
 """
 
 from __future__ import annotations
@@ -19,13 +10,23 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxformer.training import data
+from jaxformer.training import data, tasks
 from jaxformer.training.config import IGNORE_INDEX, TrainConfig
 
 
 def cross_entropy(logits, labels, *, ignore_index: int = IGNORE_INDEX,
                   label_smoothing: float = 0.0):
-    """``(..., C)`` logits and ``(...)`` integer labels -> scalar mean loss over real targets."""
+    """``(..., C)`` logits and ``(...)`` integer labels -> scalar mean loss over real targets.
+
+    What ``torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100,
+    label_smoothing=eps)`` computes with its default mean reduction: the mean, over the targets
+    whose label is not ``ignore_index``, of ``(1 - eps) * nll + eps * mean_c(-log p_c)``. One
+    deliberate difference: when every target is ignored torch returns NaN (0 / 0), here the loss
+    is 0 (and so are its gradients), so that a batch without a masked token cannot poison a run.
+    Labels are checked on the host when concrete (a clear ``ValueError``); under ``jit`` an
+    out-of-range label (other than the ignore index) makes the loss NaN instead of reading a
+    wrong class, and the training loop stops on a NaN loss.
+    """
     if logits.shape[:-1] != labels.shape:
         raise ValueError(f"logits have shape {tuple(logits.shape)} but labels have shape "
                          f"{tuple(labels.shape)}; expected labels of shape "
@@ -76,23 +77,36 @@ def classification_loss(logits, labels):
     return cross_entropy(logits, labels)
 
 
+def pretraining_batch_loss(model, batch: dict, config: TrainConfig):
+    """BERT pre-training (``tasks.BERT_PRETRAINING``): masked LM plus next sentence."""
+    _, mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"],
+                                      batch["attention_mask"], batch["masked_positions"])
+    return (masked_lm_loss(mlm_logits, batch["mlm_labels"])
+            + next_sentence_loss(nsp_logits, batch["nsp_labels"]))
+
+
+def causal_lm_batch_loss(model, batch: dict, config: TrainConfig):
+    """The causal LM (``tasks.CAUSAL_LM``); a batch with ``labels``, from random windows, is
+    scored against them at every position."""
+    logits = model(batch["input_ids"], batch["attention_mask"])
+    if "labels" in batch:  # random windows (nanoGPT): a target for each of the T positions
+        return cross_entropy(logits, batch["labels"])
+    return causal_lm_loss(logits, batch["input_ids"], batch["attention_mask"])
+
+
+def seq2seq_batch_loss(model, batch: dict, config: TrainConfig):
+    """Sequence to sequence (``tasks.SEQ2SEQ``), with the config's label smoothing."""
+    logits = model(batch["src_ids"], batch["tgt_ids"], batch["src_mask"], batch["tgt_mask"])
+    return seq2seq_loss(logits, batch["labels"], config.label_smoothing)
+
+
+def classification_batch_loss(model, batch: dict, config: TrainConfig):
+    """Sequence classification (``tasks.CLASSIFICATION``)."""
+    logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    return classification_loss(logits, batch["labels"])
+
+
 def batch_loss(family: str, model, batch: dict, config: TrainConfig):
-    """The family's training objective on one micro-batch (keys: ``data.BATCH_KEYS[family]``;
-    a gpt batch with ``labels``, from random windows, is scored against them at every position)."""
-    if family == "bert":
-        _, mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"],
-                                          batch["attention_mask"], batch["masked_positions"])
-        return (masked_lm_loss(mlm_logits, batch["mlm_labels"])
-                + next_sentence_loss(nsp_logits, batch["nsp_labels"]))
-    if family == "gpt":
-        logits = model(batch["input_ids"], batch["attention_mask"])
-        if "labels" in batch:  # random windows (nanoGPT): a target for each of the T positions
-            return cross_entropy(logits, batch["labels"])
-        return causal_lm_loss(logits, batch["input_ids"], batch["attention_mask"])
-    if family == "transformer":
-        logits = model(batch["src_ids"], batch["tgt_ids"], batch["src_mask"], batch["tgt_mask"])
-        return seq2seq_loss(logits, batch["labels"], config.label_smoothing)
-    if family == "classifier":
-        logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        return classification_loss(logits, batch["labels"])
-    raise ValueError(f"unknown family {family!r}; choose one of {sorted(data.BATCH_KEYS)}")
+    """The objective of task ``family`` on one micro-batch (keys: its ``batch_keys``): the
+    function of this module that the Task names."""
+    return globals()[tasks.get(family).loss](model, batch, config)

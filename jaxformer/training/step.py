@@ -1,23 +1,14 @@
 """The train step and the eval step, jitted. Twin: ``torch_ref/training/step.py``.
 
-:class:`TrainStep` splits the model once into its graph, its parameters and the rest of its
-state (the dropout RNG keys and counters of the model's ``nnx.Rngs``), and compiles one pure
-function for a whole update: forward and backward over each micro-batch (a ``lax.scan`` when
-gradients are accumulated), the mean of the micro-batch gradients, clipping, AdamW. The buffers of
-the parameters, the optimizer state and the RNG state are donated to the call that replaces them.
-The RNG state goes in and comes back out of every call, so each step draws fresh dropout masks
-and a run is reproducible from its seed alone (and, restored from a checkpoint, from there).
-
-Given a ``mesh`` (``jaxformer.sharding.make_mesh``), the parameters and the optimizer state are
-placed by the logical-axis rules, the batch is split over ``("data", "fsdp")`` (each process
-feeding its own rows), and the compiled step keeps every output where its input was; XLA's
-partitioner inserts the collectives. The losses equal the one-device run's up to the order of
-float32 sums.
+:class:`TrainStep` compiles one pure function for a whole optimizer update of the model its Task
+(``training.tasks``) names, scored by the Task's loss; :func:`build_trainer` is what
+``jaxformer train`` calls through ``jaxformer.frameworks``, as it calls the torch twin's.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -26,29 +17,39 @@ import optax
 from flax import nnx
 
 from jaxformer import sharding
-from jaxformer.models.bert import BertForPreTraining, BertForSequenceClassification
-from jaxformer.models.encoder_decoder import Transformer
-from jaxformer.models.gpt import GPT
-from jaxformer.training import data, losses
+from jaxformer.training import losses, tasks
 from jaxformer.training.config import TrainConfig
 from jaxformer.training.optim import clip_by_global_norm, learning_rate, make_optimizer
 
-MODELS = {"bert": BertForPreTraining, "gpt": GPT, "transformer": Transformer,
-          "classifier": BertForSequenceClassification}
+# task key -> the model class it trains (``task.model`` of ``jaxformer.<task.model_module>``)
+MODELS = {name: getattr(importlib.import_module(f"jaxformer.{task.model_module}"), task.model)
+          for name, task in tasks.TASKS.items()}
 
 
 def build_model(family: str, model_config, seed: int) -> nnx.Module:
-    """The model ``family`` trains, initialised from ``seed`` (weights and dropout keys)."""
+    """The model task ``family`` trains, initialised from ``seed`` (weights and dropout keys)."""
     graphdef, initialize = _initializer(family, model_config)
     return nnx.merge(graphdef, initialize(np.uint32(seed)))
+
+
+def build_trainer(family: str, model_config, config: TrainConfig, options, weights=None):
+    """The :class:`TrainStep` of ``jaxformer train``: the model of task ``family`` from
+    ``config.seed``, or from ``weights`` (a numpy state dict in torch's key layout) when given,
+    on the mesh ``options.mesh`` names (None: one device)."""
+    model = build_model(family, model_config, config.seed)
+    if weights is not None:
+        from jaxformer.checkpoints import convert
+
+        model = convert.torch_to_nnx(weights, model)
+    mesh = sharding.make_mesh(options.mesh) if options.mesh else None
+    return TrainStep(family, model, config, mesh=mesh)
 
 
 @functools.lru_cache(maxsize=8)
 def _initializer(family: str, model_config):
     """One compiled initialiser per model (any seed), instead of one eager dispatch per
     parameter or one compilation per call."""
-    if family not in MODELS:
-        raise ValueError(f"unknown family {family!r}; choose one of {sorted(MODELS)}")
+    tasks.get(family)  # a clear error for an unknown key
 
     def make(seed):  # nnx.Rngs(seed) does this with a Python int; here the seed is traced
         return MODELS[family](model_config, rngs=nnx.Rngs(jax.random.key(seed)))
@@ -62,11 +63,25 @@ class TrainStep:
     ``batch`` holds the ``accumulation_steps`` micro-batches of the update stacked on a leading
     axis (``data.Dataset.update_batch``); ``evaluate(micro_batch)`` is the loss in eval mode.
     The step owns the state: :meth:`sync` writes it back into ``model`` and returns the model.
-    ``mesh``: train sharded over it (see the module doc); None, one device.
+
+    The model is split once into its graph, its parameters and the rest of its state (the
+    dropout RNG keys and counters of the model's ``nnx.Rngs``), and one pure function is compiled
+    for a whole update: forward and backward over each micro-batch (a ``lax.scan`` when gradients
+    are accumulated), the mean of the micro-batch gradients, clipping, AdamW. The buffers of the
+    parameters, the optimizer state and the RNG state are donated to the call that replaces them.
+    The RNG state goes in and comes back out of every call, so each step draws fresh dropout masks
+    and a run is reproducible from its seed alone (and, restored from a checkpoint, from there).
+
+    Given a ``mesh`` (``jaxformer.sharding.make_mesh``), the parameters and the optimizer state
+    are placed by the logical-axis rules, the batch is split over ``("data", "fsdp")`` (each
+    process feeding its own rows), and the compiled step keeps every output where its input was;
+    XLA's partitioner inserts the collectives. The losses equal the one-device run's up to the
+    order of float32 sums. ``mesh`` None: one device.
     """
 
     def __init__(self, family: str, model: nnx.Module, config: TrainConfig, mesh=None):
         self.family, self.config, self.model, self.mesh = family, config, model, mesh
+        self.task = tasks.get(family)
         if mesh is not None:
             sharding.check_batch_size(config.micro_batch_size, mesh)
         self.model_config = model.config
@@ -83,9 +98,9 @@ class TrainStep:
         if mesh is not None:  # every output stays where its input was
             placement["out_shardings"] = (*(sharding.shardings(tree, mesh) for tree in (
                 self._params, self._opt_state, self._rest)), sharding.replicated(mesh))
-        self._train = jax.jit(_train_fn(family, graphdef, self._tx, config),
+        self._train = jax.jit(_train_fn(self.task, graphdef, self._tx, config),
                               donate_argnums=(0, 1, 2), **placement)
-        self._eval = jax.jit(_eval_fn(family, eval_graphdef, config))
+        self._eval = jax.jit(_eval_fn(self.task, eval_graphdef, config))
 
     def _place(self, tree):
         return _copy(tree) if self.mesh is None else sharding.place(tree, self.mesh)
@@ -98,7 +113,7 @@ class TrainStep:
             return fn(*args)
 
     def _batch(self, batch: dict, batch_axis: int) -> dict:
-        data.check_batch(self.family, batch, self.model_config)
+        self.task.check_batch(batch, self.model_config)
         if self.mesh is None:
             return batch
         return sharding.shard_batch(batch, self.mesh, batch_axis)
@@ -134,8 +149,9 @@ def _copy(tree):
     return jax.device_put(tree, may_alias=False)
 
 
-def _train_fn(family, graphdef, tx, config: TrainConfig):
+def _train_fn(task, graphdef, tx, config: TrainConfig):
     accum = config.accumulation_steps
+    batch_loss = getattr(losses, task.loss)
 
     def micro_step(carry, micro_batch):
         params, rest, grad_sum, loss_sum = carry
@@ -143,7 +159,7 @@ def _train_fn(family, graphdef, tx, config: TrainConfig):
         def loss_fn(params, rest):
             # Fresh Variables (copy=True) of this trace, so dropout may advance their RNG counts.
             model = nnx.merge(graphdef, params, rest, copy=True)
-            loss = losses.batch_loss(family, model, micro_batch, config) / accum
+            loss = batch_loss(model, micro_batch, config) / accum
             return loss, nnx.split(model, nnx.Param, ...)[2]
 
         (loss, rest), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, rest)
@@ -165,8 +181,10 @@ def _train_fn(family, graphdef, tx, config: TrainConfig):
     return train
 
 
-def _eval_fn(family, graphdef, config: TrainConfig):
+def _eval_fn(task, graphdef, config: TrainConfig):
+    batch_loss = getattr(losses, task.loss)
+
     def evaluate(params, rest, batch):
-        return losses.batch_loss(family, nnx.merge(graphdef, params, rest), batch, config)
+        return batch_loss(nnx.merge(graphdef, params, rest), batch, config)
 
     return evaluate

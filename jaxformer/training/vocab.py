@@ -1,22 +1,7 @@
 """Tokenizers built from a text, each a ``tokenizers.Tokenizer`` that saves as ``tokenizer.json``
-(framework-free: both twins train on the ids these produce).
-
-- ``char``: nanoGPT's ``shakespeare_char``. The vocabulary is ``sorted(set(text))`` (id ``i`` is
-  the ``i``-th character in code-point order), no special token, no normalizer, no
-  pre-tokenizer, and decoding is plain concatenation. It is a BPE model with no merges: BPE
-  splits its input into characters and, with nothing to merge, each character is a token; the
-  ``Fuse`` decoder joins them without the spaces ``tokenizers`` would otherwise put between
-  tokens. Such a tokenizer silently drops a character it does not know, so
-  :func:`encode_chars` checks the text first.
-- ``bpe``: byte-level BPE as GPT-2 (``ByteLevel`` pre-tokenizer and decoder, all 256 bytes in the
-  initial alphabet, so no text is ever unknown), trained by ``tokenizers``' ``BpeTrainer``.
-- ``wordpiece``: a lower-cased WordPiece vocabulary of the characters and most frequent words,
-  built here rather than by ``WordPieceTrainer`` (see :func:`wordpiece_tokenizer`).
-
-``bpe`` and ``wordpiece`` start with :data:`~jaxformer.training.data.SPECIAL_TOKENS` (ids 0-4),
-which the families' batches need. All three are deterministic: the same text gives the same
-``tokenizer.json``, so a run reproduces from its seed and the JAX and torch runs of one file see
-the same ids.
+(framework-free: both twins train on the ids these produce). The bottom of the data layer: the
+special tokens, :class:`DataError` and tokenizer loading live here; ``data`` and the tasks import
+them, and nothing here imports either. :func:`build_tokenizer` says what each kind is.
 """
 
 from __future__ import annotations
@@ -27,9 +12,22 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxformer.training.data import SPECIAL_TOKENS, DataError, load_tokenizer
-
 TOKENIZERS = ("char", "bpe", "wordpiece")
+# The first ids of a bpe or wordpiece vocabulary; the tasks' batches use them by name.
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+class DataError(ValueError):
+    """The data (a text file, a tokenizer, a batch) cannot be used: says which and why."""
+
+
+def load_tokenizer(path):
+    """A ``tokenizers`` tokenizer from a ``tokenizer.json``; a clear error if it is missing."""
+    from tokenizers import Tokenizer
+
+    if not Path(path).is_file():
+        raise DataError(f"tokenizer file {path} does not exist")
+    return Tokenizer.from_file(str(path))
 
 
 def char_tokenizer(text: str):
@@ -131,7 +129,25 @@ def wordpiece_tokenizer(lines, vocab_size: int):
 def build_tokenizer(kind: str, text: str, vocab_size: int | None = None):
     """The tokenizer ``--tokenizer KIND`` names: one of :data:`TOKENIZERS` built from ``text``
     (``vocab_size`` is ignored by ``char``, whose vocabulary is the text's characters), or else
-    the path of a ``tokenizer.json``."""
+    the path of a ``tokenizer.json``.
+
+    - ``char``: nanoGPT's ``shakespeare_char``. The vocabulary is ``sorted(set(text))`` (id
+      ``i`` is the ``i``-th character in code-point order), no special token, no normalizer, no
+      pre-tokenizer, and decoding is plain concatenation. It is a BPE model with no merges: BPE
+      splits its input into characters and, with nothing to merge, each character is a token;
+      the ``Fuse`` decoder joins them without the spaces ``tokenizers`` would otherwise put
+      between tokens. Such a tokenizer silently drops a character it does not know, so
+      :func:`encode_chars` checks the text first.
+    - ``bpe``: byte-level BPE as GPT-2 (``ByteLevel`` pre-tokenizer and decoder, all 256 bytes in
+      the initial alphabet, so no text is ever unknown), trained by ``tokenizers``'
+      ``BpeTrainer``.
+    - ``wordpiece``: a lower-cased WordPiece vocabulary of the characters and most frequent
+      words, built here rather than by ``WordPieceTrainer`` (see :func:`wordpiece_tokenizer`).
+
+    ``bpe`` and ``wordpiece`` start with :data:`SPECIAL_TOKENS` (ids 0-4), which the tasks'
+    batches need. All three are deterministic: the same text gives the same ``tokenizer.json``,
+    so a run reproduces from its seed and the JAX and torch runs of one file see the same ids.
+    """
     if kind == "char":
         return char_tokenizer(text)
     if kind in ("bpe", "wordpiece"):

@@ -14,8 +14,9 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.checkpoints import convert
-from jaxformer.training import data, vocab
-from jaxformer.training.config import TrainConfig, model_config
+from jaxformer.training import tasks, vocab
+from jaxformer.training.config import TrainConfig
+from jaxformer.training.tasks import model_config
 from jaxformer.training.step import MODELS, TrainStep
 from torch_ref.training.step import TrainStep as TorchTrainStep
 from torch_ref.training.step import build_model as torch_build_model
@@ -42,7 +43,7 @@ def twin_steps(family: str, config: TrainConfig, seed: int = 0, **model_changes)
     ``model_changes``: fields of the tiny preset's model config to replace."""
     text = corpus(family)
     tokenizer = vocab.wordpiece_tokenizer(text.splitlines(), 120)
-    dataset, _ = data.build_datasets(family, text, tokenizer, config)
+    dataset, _ = tasks.build_datasets(family, text, tokenizer, config)
     model_cfg = dataclasses.replace(
         model_config(family, "tiny", vocab_size=tokenizer.get_vocab_size(), pad_id=0,
                      num_labels=dataset.num_labels, dropout=0.0), **model_changes)

@@ -15,11 +15,12 @@ import math
 import numpy as np
 import pytest
 
-from jaxformer.training import data, vocab
+from jaxformer.training import data, tasks, vocab
 from jaxformer.training.config import IGNORE_INDEX, TrainConfig, TrainConfigError
 from parity_tests.support.training import twin_steps
 
-WORDS = ["the", "a", "cat", "dog", "bird", "sat", "ran", "flew", "over", "under", "near", "house", "tree", "river", "quickly", "slowly", "red", "green", "big", "small"]
+WORDS = ["the", "a", "cat", "dog", "bird", "sat", "ran", "flew", "over", "under", "near", "house",
+         "tree", "river", "quickly", "slowly", "red", "green", "big", "small"]
 CLS, SEP, MASK = 2, 3, 4
 
 
@@ -38,7 +39,7 @@ def setup():
     text = corpus()
     tokenizer = vocab.wordpiece_tokenizer(text.splitlines(), 60)
     config = TrainConfig(batch_size=500, seq_len=40, max_predictions=5, seed=7)
-    dataset, _ = data.build_datasets("bert", text, tokenizer, config)
+    dataset, _ = tasks.build_datasets("bert", text, tokenizer, config)
     batches = [dataset.micro_batch(p) for p in range(4)]  # 2000 examples
     batch = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
     encoded = [tuple(tokenizer.encode(s, add_special_tokens=False).ids)
@@ -96,7 +97,7 @@ def test_80_10_10_and_half_next_sentences(setup):
     now = ids[rows[real], positions[real]]
     before = labels[real]
     n = len(before)
-    ordinary = tokenizer.get_vocab_size() - len(data.SPECIAL_TOKENS)
+    ordinary = tokenizer.get_vocab_size() - len(vocab.SPECIAL_TOKENS)
     # a random replacement draws uniformly among the ordinary tokens, the original included
     p_kept = 0.1 + 0.1 / ordinary
     assert within(int((now == MASK).sum()), n, 0.8)
@@ -113,12 +114,12 @@ def test_80_10_10_and_half_next_sentences(setup):
 
 def test_examples_are_a_function_of_seed_and_position(setup):
     text, tokenizer, config, dataset, _, _ = setup
-    again, _ = data.build_datasets("bert", text, tokenizer, config)
+    again, _ = tasks.build_datasets("bert", text, tokenizer, config)
     order = [again.micro_batch(p) for p in (9, 3, 0)]  # another order of reading
     for batch, position in zip(order, (9, 3, 0)):
         first = dataset.micro_batch(position)
         assert all(np.array_equal(first[k], batch[k]) for k in first)
-    other, _ = data.build_datasets("bert", text, tokenizer,
+    other, _ = tasks.build_datasets("bert", text, tokenizer,
                                    TrainConfig(batch_size=500, seq_len=40, max_predictions=5))
     assert not np.array_equal(other.micro_batch(0)["masked_positions"],
                               dataset.micro_batch(0)["masked_positions"])
@@ -126,16 +127,16 @@ def test_examples_are_a_function_of_seed_and_position(setup):
 
 def test_max_predictions_bounds_and_refusals(setup):
     text, tokenizer, _, _, _, _ = setup
-    short, _ = data.build_datasets("bert", text, tokenizer,
+    short, _ = tasks.build_datasets("bert", text, tokenizer,
                                    TrainConfig(batch_size=8, seq_len=16, max_predictions=99))
     assert short.micro_batch(0)["masked_positions"].shape == (8, 16)  # never more than seq_len
     with pytest.raises(TrainConfigError, match="max_predictions must not be negative"):
         TrainConfig(max_predictions=-1)
-    from jaxformer.training.config import model_config
+    from jaxformer.training.tasks import model_config
 
     model_cfg = model_config("bert", "tiny", vocab_size=tokenizer.get_vocab_size())
     good = short.micro_batch(0)
-    data.check_batch("bert", good, model_cfg)
+    tasks.get("bert").check_batch(good, model_cfg)
     for key, change, message in [
             ("masked_positions", lambda v: v[:, :3], r"mlm_labels has shape \(8, 16\) but "
                                                      r"masked_positions \(8, 3\)"),
@@ -144,9 +145,9 @@ def test_max_predictions_bounds_and_refusals(setup):
                                                   r"input_ids \(8, 16\)")]:
         bad = dict(good, **{key: change(good[key])})
         with pytest.raises(ValueError, match=message):
-            data.check_batch("bert", bad, model_cfg)
+            tasks.get("bert").check_batch(bad, model_cfg)
     with pytest.raises(data.DataError, match=r"missing \['masked_positions'\]"):
-        data.check_batch("bert", {k: v for k, v in good.items() if k != "masked_positions"},
+        tasks.get("bert").check_batch({k: v for k, v in good.items() if k != "masked_positions"},
                          model_cfg)
 
 

@@ -12,10 +12,11 @@ import jax
 import numpy as np
 import pytest
 
-from jaxformer.training import data, vocab
+from jaxformer.training import tasks, vocab
 from jaxformer.training.checkpoint import Checkpointer
-from jaxformer.training.config import TrainConfig, model_config
+from jaxformer.training.config import TrainConfig
 from jaxformer.training.step import TrainStep, build_model
+from jaxformer.training.tasks import model_config
 from torch_ref.training.checkpoint import Checkpointer as TorchCheckpointer
 from torch_ref.training.step import TrainStep as TorchTrainStep
 from torch_ref.training.step import build_model as torch_build_model
@@ -28,7 +29,7 @@ LINES = [f"the {w} sat on the mat near tree {i % 5}" for i, w in
 @pytest.fixture(scope="module")
 def setup():
     tokenizer = vocab.wordpiece_tokenizer(LINES, 60)
-    dataset, _ = data.build_datasets("gpt", "\n".join(LINES), tokenizer, CONFIG)
+    dataset, _ = tasks.build_datasets("gpt", "\n".join(LINES), tokenizer, CONFIG)
     model_cfg = model_config("gpt", "tiny", vocab_size=tokenizer.get_vocab_size(), dropout=0.2)
     return dataset, model_cfg
 

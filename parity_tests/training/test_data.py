@@ -6,11 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxformer.training import data, vocab
-from jaxformer.training.config import IGNORE_INDEX, TrainConfig, model_config
+from jaxformer.training import data, tasks, vocab
+from jaxformer.training.config import IGNORE_INDEX, TrainConfig
+from jaxformer.training.tasks import model_config
 
 CONFIG = TrainConfig(batch_size=4, seq_len=16, seed=3)
-WORDS = ["the", "a", "cat", "dog", "bird", "sat", "ran", "over", "under", "near", "house", "tree", "river", "red", "green", "big"]
+WORDS = ["the", "a", "cat", "dog", "bird", "sat", "ran", "over", "under", "near", "house", "tree",
+         "river", "red", "green", "big"]
 
 
 def text(lines=40, tabs=None, seed=0):
@@ -28,7 +30,7 @@ def tokenizer():
 
 
 def test_tokenizer_is_deterministic_with_the_special_tokens_first(tokenizer):
-    assert [tokenizer.token_to_id(t) for t in data.SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
+    assert [tokenizer.token_to_id(t) for t in vocab.SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
     assert tokenizer.get_vocab_size() <= 80
     # tokenizers' own WordPiece trainer breaks ties in hash-map order; this one must not
     again = [vocab.wordpiece_tokenizer(text(60).splitlines(), 80).to_str() for _ in range(3)]
@@ -44,7 +46,7 @@ def test_tokenizer_is_deterministic_with_the_special_tokens_first(tokenizer):
 
 def test_gpt_windows_are_the_token_stream(tokenizer):
     corpus = text(30)
-    dataset, held = data.build_datasets("gpt", corpus, tokenizer, CONFIG, eval_fraction=0.1)
+    dataset, held = tasks.build_datasets("gpt", corpus, tokenizer, CONFIG, eval_fraction=0.1)
     stream = np.concatenate([np.append(tokenizer.encode(line, add_special_tokens=False).ids, 3)
                              for line in corpus.splitlines()])
     windows = stream[: len(stream) // 16 * 16].reshape(-1, 16)
@@ -59,15 +61,15 @@ def test_gpt_windows_are_the_token_stream(tokenizer):
 
 def test_batches_are_a_function_of_seed_and_position(tokenizer):
     corpus = text(40)
-    a, _ = data.build_datasets("bert", corpus, tokenizer, CONFIG)
-    b, _ = data.build_datasets("bert", corpus, tokenizer, CONFIG)
-    c, _ = data.build_datasets("bert", corpus, tokenizer, TrainConfig(batch_size=4, seq_len=16))
+    a, _ = tasks.build_datasets("bert", corpus, tokenizer, CONFIG)
+    b, _ = tasks.build_datasets("bert", corpus, tokenizer, CONFIG)
+    c, _ = tasks.build_datasets("bert", corpus, tokenizer, TrainConfig(batch_size=4, seq_len=16))
     for position in (0, 7, 123):
         x, y = a.micro_batch(position), b.micro_batch(position)
         assert all(np.array_equal(x[k], y[k]) for k in x)
     assert not np.array_equal(a.micro_batch(5)["input_ids"], c.micro_batch(5)["input_ids"])
     accum = TrainConfig(batch_size=4, accumulation_steps=2, seq_len=16, seed=3)
-    d, _ = data.build_datasets("bert", corpus, tokenizer, accum)
+    d, _ = tasks.build_datasets("bert", corpus, tokenizer, accum)
     update = d.update_batch(3)
     assert update["input_ids"].shape == (2, 2, 16)
     np.testing.assert_array_equal(update["mlm_labels"][1], d.micro_batch(7)["mlm_labels"])
@@ -75,7 +77,7 @@ def test_batches_are_a_function_of_seed_and_position(tokenizer):
 
 def test_bert_pairs_and_masking(tokenizer):
     corpus = text(200, seed=1)
-    dataset, _ = data.build_datasets("bert", corpus, tokenizer,
+    dataset, _ = tasks.build_datasets("bert", corpus, tokenizer,
                                      TrainConfig(batch_size=64, seq_len=32, seed=0,
                                                  max_predictions=0))  # dense labels
     encoded = [tokenizer.encode(s, add_special_tokens=False).ids for s in corpus.splitlines()]
@@ -106,10 +108,10 @@ def test_bert_pairs_and_masking(tokenizer):
 
 def test_transformer_pairs(tokenizer):
     corpus = text(20, tabs=lambda i, s: f"{s}\t{' '.join(reversed(s.split()))}")
-    dataset, _ = data.build_datasets("transformer", corpus, tokenizer, CONFIG)
+    dataset, _ = tasks.build_datasets("transformer", corpus, tokenizer, CONFIG)
     batch = dataset.micro_batch(0)
-    for src, src_mask, tgt, tgt_mask, labels in zip(*(batch[k] for k in data.BATCH_KEYS[
-            "transformer"])):
+    keys = tasks.get("transformer").batch_keys
+    for src, src_mask, tgt, tgt_mask, labels in zip(*(batch[k] for k in keys)):
         n, m = src_mask.sum(), tgt_mask.sum()
         assert src[n - 1] == 3
         assert (src[n:] == 0).all()
@@ -118,20 +120,20 @@ def test_transformer_pairs(tokenizer):
         assert labels[m - 1] == 3
         np.testing.assert_array_equal(tgt[1:m], labels[: m - 1])  # labels = input shifted left
     # without tabs: each line is the source of the next
-    plain, _ = data.build_datasets("transformer", text(5), tokenizer, CONFIG)
+    plain, _ = tasks.build_datasets("transformer", text(5), tokenizer, CONFIG)
     assert len(plain) == 4
 
 
 def test_classifier_labels(tokenizer):
     corpus = text(12, tabs=lambda i, s: f"{['pos', 'neg', 'mixed'][i % 3]}\t{s}")
-    dataset, _ = data.build_datasets("classifier", corpus, tokenizer, CONFIG)
+    dataset, _ = tasks.build_datasets("classifier", corpus, tokenizer, CONFIG)
     assert dataset.label_names == ["mixed", "neg", "pos"]
     assert dataset.num_labels == 3
     batch = dataset.micro_batch(0)
     assert set(batch["labels"]) <= {0, 1, 2}
     assert (batch["input_ids"][:, 0] == 2).all()
     with pytest.raises(data.DataError, match="line 2 has no tab"):
-        data.build_datasets("classifier", "a\tgood\nno tab here\n", tokenizer, CONFIG)
+        tasks.build_datasets("classifier", "a\tgood\nno tab here\n", tokenizer, CONFIG)
 
 
 @pytest.mark.parametrize(("content", "message"), [
@@ -152,11 +154,11 @@ def test_missing_and_too_short_files(tmp_path, tokenizer):
         data.read_text(tmp_path / "nope.txt")
     with pytest.raises(data.DataError, match=r"yields \d+ tokens, fewer than one window of "
                                              r"seq_len=16"):
-        data.build_datasets("gpt", "the cat sat\n", tokenizer, CONFIG)
+        tasks.build_datasets("gpt", "the cat sat\n", tokenizer, CONFIG)
     with pytest.raises(data.DataError, match="needs at least one"):
-        data.build_datasets("transformer", "only one line\n", tokenizer, CONFIG)
+        tasks.build_datasets("transformer", "only one line\n", tokenizer, CONFIG)
     with pytest.raises(data.DataError, match="too few to hold some out"):
-        data.build_datasets("classifier", "yes\tthe cat sat\n", tokenizer, CONFIG, 0.1)
+        tasks.build_datasets("classifier", "yes\tthe cat sat\n", tokenizer, CONFIG, 0.1)
 
 
 def test_tokenizer_without_the_needed_specials(tmp_path):
@@ -164,16 +166,16 @@ def test_tokenizer_without_the_needed_specials(tmp_path):
 
     bare = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
     bare.save(str(tmp_path / "tokenizer.json"))
-    loaded = data.load_tokenizer(tmp_path / "tokenizer.json")
+    loaded = vocab.load_tokenizer(tmp_path / "tokenizer.json")
     with pytest.raises(data.DataError, match=r"no \[PAD\], \[CLS\], \[SEP\], \[MASK\] token"):
-        data.build_datasets("bert", "a b\n", loaded, CONFIG)
+        tasks.build_datasets("bert", "a b\n", loaded, CONFIG)
 
 
 def test_check_batch_refuses_out_of_range_ids_and_labels(tokenizer):
     config = model_config("bert", "tiny", vocab_size=tokenizer.get_vocab_size())
-    dataset, _ = data.build_datasets("bert", text(20), tokenizer, CONFIG)
+    dataset, _ = tasks.build_datasets("bert", text(20), tokenizer, CONFIG)
     good = dataset.micro_batch(0)
-    data.check_batch("bert", good, config)
+    tasks.get("bert").check_batch(good, config)
     V = config.vocab_size
     cases = [("mlm_labels", V,
               rf"mlm_labels must lie in \[0, {V}\) or be -100 \(ignored\); found {V}"),
@@ -185,6 +187,6 @@ def test_check_batch_refuses_out_of_range_ids_and_labels(tokenizer):
         bad = {k: v.copy() for k, v in good.items()}
         bad[key].flat[1] = value
         with pytest.raises(ValueError, match=message):
-            data.check_batch("bert", bad, config)
+            tasks.get("bert").check_batch(bad, config)
     with pytest.raises(data.DataError, match=r"missing \['nsp_labels'\]"):
-        data.check_batch("bert", {k: v for k, v in good.items() if k != "nsp_labels"}, config)
+        tasks.get("bert").check_batch({k: v for k, v in good.items() if k != "nsp_labels"}, config)

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from jaxformer.training import data, vocab
+from jaxformer.training import tasks, vocab
 from jaxformer.training.config import TrainConfig
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -76,7 +76,7 @@ def test_plays_are_cut_by_the_manifest(tmp_path):
     assert learn_bert.read_plays(tmp_path, "train") == dict(zip(names, texts))
     manifest["documents"][0]["characters"] += 1
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(SystemExit, match="does not match manifest.json"):
+    with pytest.raises(SystemExit, match=r"does not match manifest.json"):
         learn_bert.read_plays(tmp_path, "train")
 
 
@@ -120,7 +120,7 @@ def test_learn_bert_pretraining_examples_from_plays():
     text = learn_bert.bert_text({"one": PLAY * 3, "two": PLAY})
     tokenizer = vocab.wordpiece_tokenizer(text.splitlines(), 60)
     config = TrainConfig(batch_size=6, seq_len=16, max_predictions=3)
-    dataset, _ = data.build_datasets("bert", text, tokenizer, config)
+    dataset, _ = tasks.build_datasets("bert", text, tokenizer, config)
     batch = dataset.micro_batch(0)
     assert len(dataset) == 12
     assert batch["masked_positions"].shape == (6, 3)

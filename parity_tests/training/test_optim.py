@@ -19,10 +19,10 @@ from jaxformer.training.config import (
     TrainConfig,
     TrainConfigError,
     identity_differences,
-    model_config,
     run_identity,
 )
 from jaxformer.training.step import MODELS
+from jaxformer.training.tasks import model_config
 from torch_ref.training import optim as to
 from torch_ref.training.step import build_model as torch_build
 

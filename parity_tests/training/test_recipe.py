@@ -11,10 +11,12 @@ import pytest
 
 from jaxformer import cli
 from jaxformer.config import GPTConfig
-from jaxformer.training import data, vocab
+from jaxformer.training import tasks, vocab
 from jaxformer.training.config import TrainConfig, TrainConfigError
 
-WORDS = ["thou", "art", "my", "lord", "and", "i", "shall", "not", "speak", "of", "love", "to", "thee", "the", "king", "is", "dead", "good", "night", "sweet", "prince", "what", "light", "through", "yonder", "window", "breaks"]
+WORDS = ["thou", "art", "my", "lord", "and", "i", "shall", "not", "speak", "of", "love", "to",
+         "thee", "the", "king", "is", "dead", "good", "night", "sweet", "prince", "what", "light",
+         "through", "yonder", "window", "breaks"]
 
 
 def play(lines=120, seed=0) -> str:
@@ -38,7 +40,7 @@ SMALL = GPTConfig(vocab_size=11, hidden_size=16, num_layers=1, num_heads=2, inte
 def test_random_windows_are_shifted_slices_of_the_raw_text():
     text = play()
     tokenizer = vocab.char_tokenizer(text)
-    train, held = data.build_datasets("gpt", text, tokenizer, CONFIG, eval_fraction=0.1)
+    train, held = tasks.build_datasets("gpt", text, tokenizer, CONFIG, eval_fraction=0.1)
     stream = vocab.encode_chars(tokenizer, text)
     assert "\n" in tokenizer.get_vocab()
     assert len(stream) == len(text)
@@ -54,11 +56,11 @@ def test_random_windows_are_shifted_slices_of_the_raw_text():
         assert starts, "a window that is not a slice of the training stream"
     # a pure function of (seed, position): rebuilt, it gives the same batches; positions and
     # seeds differ, the train and held-out streams differ
-    again, _ = data.build_datasets("gpt", text, tokenizer, CONFIG, eval_fraction=0.1)
+    again, _ = tasks.build_datasets("gpt", text, tokenizer, CONFIG, eval_fraction=0.1)
     for position in (0, 3, 1000):
         np.testing.assert_array_equal(again.micro_batch(position)["labels"],
                                       train.micro_batch(position)["labels"])
-    other_seed, _ = data.build_datasets("gpt", text, tokenizer, TrainConfig(
+    other_seed, _ = tasks.build_datasets("gpt", text, tokenizer, TrainConfig(
         batch_size=4, seq_len=16, gpt_windows="random", seed=6))
     assert not np.array_equal(train.micro_batch(0)["input_ids"],
                               train.micro_batch(1)["input_ids"])
@@ -69,7 +71,7 @@ def test_random_windows_are_shifted_slices_of_the_raw_text():
     assert all(np.array_equal(a["input_ids"], b["input_ids"])
                                    for a, b in zip(evals, held.eval_batches(3)))
     # packed windows of a char stream: the raw text cut into seq_len pieces, no [SEP]
-    packed, _ = data.build_datasets("gpt", text, tokenizer, TrainConfig(batch_size=4, seq_len=16))
+    packed, _ = tasks.build_datasets("gpt", text, tokenizer, TrainConfig(batch_size=4, seq_len=16))
     seen = packed.micro_batch(0, size=len(packed))["input_ids"]
     assert sorted(map(tuple, seen)) == sorted(map(tuple, stream[: len(stream) // 16 * 16]
                                                   .reshape(-1, 16)))
@@ -94,14 +96,14 @@ def test_the_loss_counts_every_position_of_a_random_window():
         nll = -torch.log_softmax(logits, -1).gather(-1, batch["labels"][..., None])[..., 0]
         loss = float(torch_losses.batch_loss("gpt", model, batch, CONFIG))
         packed = float(torch_losses.batch_loss(
-            "gpt", model, {k: batch[k] for k in data.BATCH_KEYS["gpt"]}, CONFIG))
+            "gpt", model, {k: batch[k] for k in tasks.get("gpt").batch_keys}, CONFIG))
     assert loss == pytest.approx(float(nll.mean()), rel=1e-6)
     assert packed == pytest.approx(float(nll[:, :-1].mean()), rel=1e-6)  # no last target
     assert abs(loss - packed) > 1e-3
     bad = {k: v.numpy() for k, v in batch.items()}
     bad["labels"] = np.full((2, 6), 11)
     with pytest.raises(ValueError, match=r"labels must lie in \[0, 11\) or be -100"):
-        data.check_batch("gpt", bad, SMALL)
+        tasks.get("gpt").check_batch(bad, SMALL)
 
 
 def train(*args):
@@ -127,7 +129,7 @@ def test_char_recipe_trains_alike_in_both_frameworks(tmp_path, capsys):
         assert len(re.findall(r"^step \d+/10 .* val_loss \d+\.\d+$", out, re.M)) == 2
         records[framework] = [json.loads(line) for line in
                               (run_dir / "metrics.jsonl").read_text().splitlines()]
-    tokenizer = data.load_tokenizer(tmp_path / "jax" / "tokenizer.json")
+    tokenizer = vocab.load_tokenizer(tmp_path / "jax" / "tokenizer.json")
     both = (tmp_path / "train.txt").read_text() + (tmp_path / "val.txt").read_text()
     assert tokenizer.get_vocab() == {c: i for i, c in enumerate(sorted(set(both)))}
     jax_records, torch_records = records["jax"], records["torch"]
@@ -192,7 +194,8 @@ def test_bad_recipe_flags_are_refused(tmp_path, capsys, flags, message):
         args = ["--family", "gpt", *args]
     assert train(*args) == 2
     err = capsys.readouterr().err
-    assert err.startswith("jaxformer train: error: ") and re.search(message, err), err
+    assert err.startswith("jaxformer train: error: "), err
+    assert re.search(message, err), err
     assert not run_dir.exists()
     with pytest.raises(TrainConfigError, match="gpt_windows must be one of"):
         TrainConfig(gpt_windows="sliding")

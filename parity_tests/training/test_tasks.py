@@ -1,70 +1,30 @@
-"""The synthetic copy / reverse tasks: the pairs they draw and the ``transformer`` batches they make
-(the keys, the begin / end tokens, -100 at padding), checked token by token."""
+"""The Task registry (``jaxformer.training.tasks``): one framework-free object per objective that
+both frameworks select by the same key. Each Task's loss and model must exist under the same name
+on both sides (that importing it loads no framework is ``parity_tests/test_packaging.py``'s).
+"""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import numpy as np
 import pytest
 
-from jaxformer.training import data, tasks
-from jaxformer.training.config import IGNORE_INDEX
-from jaxformer.training.data import DataError
-
-PAD, BOS, EOS = (data.SPECIAL_TOKENS.index(t) for t in ("[PAD]", "[CLS]", "[SEP]"))
-
-
-@pytest.mark.parametrize("task", tasks.TASKS)
-def test_pairs_are_random_ordinary_tokens_copied_or_reversed(task):
-    pairs = tasks.copy_reverse_pairs(200, task=task, vocab_size=12, min_len=3, max_len=9, seed=1)
-    assert len(pairs) == 200
-    lengths = [len(s) for s, _ in pairs]
-    assert min(lengths) == 3
-    assert max(lengths) == 9
-    tokens = np.concatenate([s for s, _ in pairs])
-    assert tokens.dtype == np.int32
-    assert set(tokens.tolist()) == set(range(5, 12))
-    for s, t in pairs:
-        assert t.tolist() == (s.tolist() if task == "copy" else s.tolist()[::-1])
-    again = tasks.copy_reverse_pairs(200, task=task, vocab_size=12, min_len=3, max_len=9, seed=1)
-    assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(pairs, again))
-    other = tasks.copy_reverse_pairs(200, task=task, vocab_size=12, min_len=3, max_len=9, seed=2)
-    assert not all(np.array_equal(a, b) for (a, _), (b, _) in zip(pairs, other))
+from jaxformer.training import losses as jax_losses
+from jaxformer.training import step as jax_step
+from jaxformer.training import tasks
+from torch_ref.training import losses as torch_losses
+from torch_ref.training import step as torch_step
 
 
-def test_batches_follow_the_transformer_family():
-    pairs = tasks.copy_reverse_pairs(6, task="reverse", vocab_size=20, min_len=1, max_len=7,
-                                     seed=0)
-    batch = tasks.encoder_decoder_batch(pairs, seq_len=10)
-    assert tuple(batch) == data.BATCH_KEYS["transformer"]
-    assert all(v.shape == (6, 10) and v.dtype == np.int32 for v in batch.values())
-    for r, (s, t) in enumerate(pairs):
-        n, rest = len(s), 10 - len(s) - 1
-        assert batch["src_ids"][r].tolist() == [*s, EOS] + [PAD] * rest
-        assert batch["tgt_ids"][r].tolist() == [BOS, *t] + [PAD] * rest
-        assert batch["labels"][r].tolist() == [*t, EOS] + [IGNORE_INDEX] * rest
-        for mask in ("src_mask", "tgt_mask"):
-            assert batch[mask][r].tolist() == [1] * (n + 1) + [0] * rest
-    model = SimpleNamespace(src_vocab_size=20, tgt_vocab_size=20)
-    data.check_batch("transformer", batch, model)  # every id and label in range
-    tight = tasks.encoder_decoder_batch(pairs)  # default: the longest sequence + [SEP]
-    assert tight["src_ids"].shape == (6, max(len(s) for s, _ in pairs) + 1)
+@pytest.mark.parametrize("name", sorted(tasks.TASKS))
+def test_each_task_names_a_loss_and_a_model_both_frameworks_have(name):
+    task = tasks.get(name)
+    assert task.name == name
+    assert callable(getattr(jax_losses, task.loss))
+    assert callable(getattr(torch_losses, task.loss))
+    assert jax_step.MODELS[name].__name__ == torch_step.MODELS[name].__name__ == task.model
+    assert task.default_schedule in ("linear", "inverse_sqrt")
 
 
-def test_bad_arguments_are_refused():
-    with pytest.raises(DataError, match="unknown task 'sort'"):
-        tasks.copy_reverse_pairs(2, task="sort", vocab_size=10, min_len=1, max_len=2, seed=0)
-    with pytest.raises(DataError, match="exceed the 5 special tokens"):
-        tasks.copy_reverse_pairs(2, vocab_size=5, min_len=1, max_len=2, seed=0)
-    with pytest.raises(DataError, match="min_len <= max_len"):
-        tasks.copy_reverse_pairs(2, vocab_size=10, min_len=3, max_len=2, seed=0)
-    with pytest.raises(DataError, match="min_len <= max_len"):
-        tasks.copy_reverse_pairs(2, vocab_size=10, min_len=0, max_len=2, seed=0)
-    with pytest.raises(DataError, match="num_pairs"):
-        tasks.copy_reverse_pairs(0, vocab_size=10, min_len=1, max_len=2, seed=0)
-    pairs = tasks.copy_reverse_pairs(4, vocab_size=10, min_len=8, max_len=8, seed=0)
-    with pytest.raises(DataError, match="8 tokens and its end token do not fit in seq_len=8"):
-        tasks.encoder_decoder_batch(pairs, seq_len=8)
-    with pytest.raises(DataError, match="no pairs"):
-        tasks.encoder_decoder_batch([])
+def test_unknown_key_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match=r"unknown family 'nope'; choose one of \['bert', "):
+        tasks.get("nope")
+

@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from jaxformer.checkpoints import convert
-from jaxformer.training import data, vocab
-from jaxformer.training.config import TrainConfig, model_config
+from jaxformer.training import tasks, vocab
+from jaxformer.training.config import TrainConfig
+from jaxformer.training.tasks import model_config
 from parity_tests.support.bounds import check, zero_gradient
 from parity_tests.support.training import corpus, twin_steps
 from torch_ref.training.step import TrainStep as TorchTrainStep
@@ -124,7 +125,7 @@ def test_accumulation_equals_one_big_batch():
     split = TrainConfig(batch_size=8, accumulation_steps=2, **common)
     text = corpus("classifier")
     tokenizer = vocab.wordpiece_tokenizer(text.splitlines(), 120)
-    dataset, _ = data.build_datasets("classifier", text, tokenizer, split)
+    dataset, _ = tasks.build_datasets("classifier", text, tokenizer, split)
     model_cfg = model_config("classifier", "tiny", vocab_size=tokenizer.get_vocab_size(),
                              num_labels=dataset.num_labels, dropout=0.0)
     step_whole = TorchTrainStep("classifier", torch_build_model("classifier", model_cfg, 3), whole)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from jaxformer.training import vocab
-from jaxformer.training.data import SPECIAL_TOKENS, DataError
+from jaxformer.training.vocab import SPECIAL_TOKENS, DataError
 
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
         "  Tabs\there, a carriage return\r\n, accents: é, É, ñ; and “quotes” — 'tis done!\n")

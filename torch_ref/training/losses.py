@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from jaxformer.training import data
+from jaxformer.training import data, tasks
 from jaxformer.training.config import IGNORE_INDEX, TrainConfig
 
 
@@ -57,22 +57,36 @@ def classification_loss(logits, labels):
     return cross_entropy(logits, labels)
 
 
+def pretraining_batch_loss(model, batch: dict, config: TrainConfig):
+    """BERT pre-training (``tasks.BERT_PRETRAINING``): masked LM plus next sentence."""
+    _, mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"],
+                                      batch["attention_mask"], batch["masked_positions"])
+    return (masked_lm_loss(mlm_logits, batch["mlm_labels"])
+            + next_sentence_loss(nsp_logits, batch["nsp_labels"]))
+
+
+def causal_lm_batch_loss(model, batch: dict, config: TrainConfig):
+    """The causal LM (``tasks.CAUSAL_LM``); a batch with ``labels``, from random windows, is
+    scored against them at every position."""
+    logits = model(batch["input_ids"], batch["attention_mask"])
+    if "labels" in batch:  # random windows (nanoGPT): a target for each of the T positions
+        return cross_entropy(logits, batch["labels"])
+    return causal_lm_loss(logits, batch["input_ids"], batch["attention_mask"])
+
+
+def seq2seq_batch_loss(model, batch: dict, config: TrainConfig):
+    """Sequence to sequence (``tasks.SEQ2SEQ``), with the config's label smoothing."""
+    logits = model(batch["src_ids"], batch["tgt_ids"], batch["src_mask"], batch["tgt_mask"])
+    return seq2seq_loss(logits, batch["labels"], config.label_smoothing)
+
+
+def classification_batch_loss(model, batch: dict, config: TrainConfig):
+    """Sequence classification (``tasks.CLASSIFICATION``)."""
+    logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    return classification_loss(logits, batch["labels"])
+
+
 def batch_loss(family: str, model, batch: dict, config: TrainConfig):
-    """``batch`` holds torch tensors."""
-    if family == "bert":
-        _, mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"],
-                                          batch["attention_mask"], batch["masked_positions"])
-        return (masked_lm_loss(mlm_logits, batch["mlm_labels"])
-                + next_sentence_loss(nsp_logits, batch["nsp_labels"]))
-    if family == "gpt":
-        logits = model(batch["input_ids"], batch["attention_mask"])
-        if "labels" in batch:  # random windows (nanoGPT): a target for each of the T positions
-            return cross_entropy(logits, batch["labels"])
-        return causal_lm_loss(logits, batch["input_ids"], batch["attention_mask"])
-    if family == "transformer":
-        logits = model(batch["src_ids"], batch["tgt_ids"], batch["src_mask"], batch["tgt_mask"])
-        return seq2seq_loss(logits, batch["labels"], config.label_smoothing)
-    if family == "classifier":
-        logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        return classification_loss(logits, batch["labels"])
-    raise ValueError(f"unknown family {family!r}; choose one of {sorted(data.BATCH_KEYS)}")
+    """The objective of task ``family`` on one micro-batch (keys: its ``batch_keys``; torch
+    tensors): the function of this module that the Task names."""
+    return globals()[tasks.get(family).loss](model, batch, config)

@@ -1,39 +1,47 @@
-"""Twin of ``jaxformer/training/step.py``: the same update in eager PyTorch (for
-``torch.compile``, call ``model.compile()`` first: the module and its state_dict keys stay).
-
-Each micro-batch's loss is divided by ``accumulation_steps`` before ``backward``, so the gradients
-accumulated in ``.grad`` are the mean of the micro-batch gradients, as the JAX step computes them.
-A parameter that no loss reaches gets a zero gradient rather than none, so that AdamW still decays
-it and advances its moments exactly as optax does. Dropout draws from torch's global generator,
-seeded by the loop; its state is part of :meth:`TrainStep.state_dict`.
+"""Twin of ``jaxformer/training/step.py``: the same update in eager PyTorch, of the model its
+Task (``jaxformer.training.tasks``) names, scored by the Task's loss from ``training.losses``.
+For ``torch.compile``, call ``model.compile()`` first, or :func:`build_trainer` with
+``options.compile`` (the module and its state_dict keys stay).
 """
 
 from __future__ import annotations
+
+import importlib
 
 import numpy as np
 import torch
 from torch import nn
 
-from jaxformer.training import data
+from jaxformer.training import tasks
 from jaxformer.training.config import TrainConfig
-from torch_ref.models.bert import BertForPreTraining, BertForSequenceClassification
-from torch_ref.models.encoder_decoder import Transformer
-from torch_ref.models.gpt import GPT
 from torch_ref.training import losses
 from torch_ref.training.optim import clip_by_global_norm, learning_rate, make_optimizer
 
-MODELS = {"bert": BertForPreTraining, "gpt": GPT, "transformer": Transformer,
-          "classifier": BertForSequenceClassification}
+# task key -> the model class it trains (``task.model`` of ``torch_ref.<task.model_module>``)
+MODELS = {name: getattr(importlib.import_module(f"torch_ref.{task.model_module}"), task.model)
+          for name, task in tasks.TASKS.items()}
 
 
 def build_model(family: str, model_config, seed: int) -> nn.Module:
-    if family not in MODELS:
-        raise ValueError(f"unknown family {family!r}; choose one of {sorted(MODELS)}")
+    tasks.get(family)  # a clear error for an unknown key
     torch.manual_seed(seed)
     model = MODELS[family](model_config)
     if model_config.param_dtype != "float32":  # the compute dtype is autocast's (_autocast)
         model = model.to(getattr(torch, model_config.param_dtype))
     return model
+
+
+def build_trainer(family: str, model_config, config: TrainConfig, options, weights=None):
+    """The :class:`TrainStep` of ``jaxformer train --framework torch``: the model of task
+    ``family`` from ``config.seed`` (which seeds dropout too), with ``weights`` (a numpy state
+    dict, e.g. the JAX run's initial weights) loaded strictly when given, and run through
+    ``torch.compile`` when ``options.compile``."""
+    model = build_model(family, model_config, config.seed)
+    if weights is not None:
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=True)
+    if options.compile:
+        model.compile()  # in place: the module and its state_dict keys stay
+    return TrainStep(family, model, config)
 
 
 def _autocast(model_config, device: torch.device):
@@ -50,14 +58,24 @@ def _to_tensors(batch: dict, device=None) -> dict[str, torch.Tensor]:
 
 
 class TrainStep:
+    """``step(batch) -> {"loss", "grad_norm", "learning_rate"}`` for one optimizer update.
+
+    Each micro-batch's loss is divided by ``accumulation_steps`` before ``backward``, so the
+    gradients accumulated in ``.grad`` are the mean of the micro-batch gradients, as the JAX step
+    computes them. A parameter that no loss reaches gets a zero gradient rather than none, so that
+    AdamW still decays it and advances its moments exactly as optax does. Dropout draws from
+    torch's global generator, seeded by ``build_model``; its state is part of :meth:`state_dict`.
+    """
+
     def __init__(self, family: str, model: nn.Module, config: TrainConfig):
         self.family, self.config, self.model = family, config, model
+        self.task = tasks.get(family)
         self.model_config = model.config
         self._optimizer = make_optimizer(config, model)
         self.step = 0
 
     def __call__(self, batch: dict) -> dict[str, float]:
-        data.check_batch(self.family, batch, self.model_config)
+        self.task.check_batch(batch, self.model_config)
         device = next(self.model.parameters()).device
         accum = self.config.accumulation_steps
         self.model.train()
@@ -66,7 +84,7 @@ class TrainStep:
         for a in range(accum):
             micro = _to_tensors({key: value[a] for key, value in batch.items()}, device)
             with _autocast(self.model_config, device):
-                loss = losses.batch_loss(self.family, self.model, micro, self.config) / accum
+                loss = getattr(losses, self.task.loss)(self.model, micro, self.config) / accum
             loss.backward()
             total += loss.detach()
         params = list(self.model.parameters())
@@ -83,13 +101,13 @@ class TrainStep:
 
     @torch.no_grad()
     def evaluate(self, batch: dict) -> float:
-        data.check_batch(self.family, batch, self.model_config)
+        self.task.check_batch(batch, self.model_config)
         device = next(self.model.parameters()).device
         self.model.eval()
         try:
             with _autocast(self.model_config, device):
-                return float(losses.batch_loss(self.family, self.model,
-                                               _to_tensors(batch, device), self.config))
+                return float(getattr(losses, self.task.loss)(
+                    self.model, _to_tensors(batch, device), self.config))
         finally:
             self.model.train()
 

@@ -1,22 +1,17 @@
-"""Synthetic encoder-decoder tasks, the Annotated Transformer's first check that the model learns:
-copy a random token sequence, or reverse it (framework-free: both twins train on these batches).
-
-The tokens are ids of a jaxformer vocabulary, whose first ids are the
-:data:`~jaxformer.training.data.SPECIAL_TOKENS` (``[PAD]`` 0, ``[UNK]`` 1, ``[CLS]`` 2, ``[SEP]``
-3, ``[MASK]`` 4); the sequences draw uniformly from the ids after them, so a special token never
-appears inside a sequence. Batches follow the ``transformer`` family of
-:mod:`jaxformer.training.data` exactly (the same function builds them): source ``x [SEP]``,
-decoder input ``[CLS] y`` (``[CLS]`` begins the target), labels ``y [SEP]`` with -100 at padding.
-Unlike a text file, a task is never truncated: a sequence longer than ``seq_len - 1`` is an error.
+"""Synthetic sequence-to-sequence data, the Annotated Transformer's first check that the model
+learns: copy a random token sequence, or reverse it (framework-free: both twins train on these
+batches). The pairs are generated, then batched by the function that batches a file of the
+``transformer`` task (:func:`jaxformer.training.tasks.seq2seq.seq2seq_arrays`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from jaxformer.training.data import SPECIAL_TOKENS, DataError, seq2seq_arrays
+from jaxformer.training.tasks.seq2seq import seq2seq_arrays
+from jaxformer.training.vocab import SPECIAL_TOKENS, DataError
 
-TASKS = ("copy", "reverse")
+SYNTHETIC_TASKS = ("copy", "reverse")
 SPECIAL_IDS = {name: i for i, name in enumerate(SPECIAL_TOKENS)}
 FIRST_ORDINARY_ID = len(SPECIAL_TOKENS)
 
@@ -25,9 +20,13 @@ def copy_reverse_pairs(num_pairs: int, *, task: str = "copy", vocab_size: int, m
                        max_len: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """``num_pairs`` (source, target) int32 arrays: a source of ``min_len`` to ``max_len`` tokens
     drawn from ``[FIRST_ORDINARY_ID, vocab_size)`` and, as target, itself (``copy``) or its
-    reverse (``reverse``). A pure function of its arguments."""
-    if task not in TASKS:
-        raise DataError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    reverse (``reverse``). A pure function of its arguments.
+
+    The first ids of a jaxformer vocabulary are the :data:`~jaxformer.training.vocab.SPECIAL_TOKENS`
+    (``[PAD]`` 0, ``[UNK]`` 1, ``[CLS]`` 2, ``[SEP]`` 3, ``[MASK]`` 4); the sequences draw
+    uniformly from the ids after them, so a special token never appears inside a sequence."""
+    if task not in SYNTHETIC_TASKS:
+        raise DataError(f"unknown task {task!r}; choose one of {', '.join(SYNTHETIC_TASKS)}")
     if vocab_size <= FIRST_ORDINARY_ID:
         raise DataError(f"vocab_size must exceed the {FIRST_ORDINARY_ID} special tokens, got "
                         f"{vocab_size}")
@@ -43,8 +42,11 @@ def copy_reverse_pairs(num_pairs: int, *, task: str = "copy", vocab_size: int, m
 
 
 def encoder_decoder_batch(pairs, seq_len: int | None = None) -> dict[str, np.ndarray]:
-    """The ``transformer`` batch (``data.BATCH_KEYS["transformer"]``) of ``pairs``, padded to
-    ``seq_len`` (default: the longest sequence plus its end token)."""
+    """The ``transformer`` batch (``tasks.SEQ2SEQ.batch_keys``) of ``pairs``, padded to
+    ``seq_len`` (default: the longest sequence plus its end token): source ``x [SEP]``, decoder
+    input ``[CLS] y`` (``[CLS]`` begins the target), labels ``y [SEP]`` with -100 at padding.
+    Unlike a text file, a pair is never truncated: a sequence longer than ``seq_len - 1`` is an
+    error."""
     if not pairs:
         raise DataError("no pairs to batch")
     longest = max(max(len(s), len(t)) for s, t in pairs)
