@@ -16,8 +16,8 @@ from flax import nnx
 from jaxformer.checkpoints import convert
 from jaxformer.training import tasks, vocab
 from jaxformer.training.config import TrainConfig
-from jaxformer.training.tasks import model_config
 from jaxformer.training.step import MODELS, TrainStep
+from jaxformer.training.tasks import model_config
 from torch_ref.training.step import TrainStep as TorchTrainStep
 from torch_ref.training.step import build_model as torch_build_model
 
