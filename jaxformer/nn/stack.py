@@ -20,9 +20,9 @@ The scan splits the stacked block into its parameters (scanned in, never returne
 them would make XLA write a copy of every weight) and the rest (dropout RNG keys and counts,
 scanned in and out and written back, so each call draws fresh masks, as in ``nn.jit``).
 
-A KV cache (generation) is per layer: a list of per-layer caches when unrolled, one pytree of
-arrays with a leading layer axis when scanned (scanned alongside the parameters). :meth:`map`
-builds either from a function of one block.
+A KV cache (``nn/cache.py``) is per layer: a tuple of per-layer caches when unrolled, one cache
+whose arrays have a leading layer axis when scanned (scanned alongside the parameters).
+:meth:`map` builds either from a function of one block.
 
 Rematerialisation (``config.remat``): each block's forward runs under ``nnx.remat`` with the
 policy of :data:`REMAT_POLICIES`, so its activations are recomputed in the backward pass
@@ -106,10 +106,10 @@ class LayerStack(nnx.Module):
         return (self[i] for i in range(self.num_layers))
 
     def map(self, fn):
-        """``fn(block)`` for every layer: a list when unrolled, one pytree with a leading layer
+        """``fn(block)`` for every layer: a tuple when unrolled, one pytree with a leading layer
         axis when scanned (``fn``'s outputs stacked). How the models build a cache."""
         if not self.scan_layers:
-            return [fn(block) for block in self]
+            return tuple(fn(block) for block in self)
         graphdef, state = nnx.split(self.stacked)
         return jax.vmap(lambda layer: fn(nnx.merge(graphdef, _one_layer(layer))))(state)
 
@@ -132,7 +132,7 @@ class LayerStack(nnx.Module):
                     new_cache.append(layer_cache)
                 else:
                     x = self._run_block(block, x, *args)
-            return (x, new_cache) if cached else x
+            return (x, tuple(new_cache)) if cached else x
 
         graphdef, params, rest = nnx.split(self.stacked, nnx.Param, ...)
         draws = self._draws()
