@@ -1,14 +1,8 @@
-"""The framework-free part of generation (numpy and the standard library only).
-
-``jaxformer.generation`` and its twin ``torch_ref.generation`` both read this module, so they
-refuse the same arguments with the same messages and compute from the same tables:
-
-- :func:`check_generate` validates ``generate``'s keyword arguments and splits them into the
-  :class:`Options` that shape the program (static under ``jit``) and the :class:`Values` that
-  do not (traced, so changing them does not recompile);
-- :func:`check_prompt` validates the prompt and its mask;
-- :func:`uniforms` is the reference of the counter-based random numbers both twins draw for
-  sampling (a seeded run gives the same tokens in both frameworks).
+"""The framework-free part of generation (numpy and the standard library only), read by both
+``jaxformer.generation`` and ``torch_ref.generation`` so they refuse the same arguments with the
+same messages: :func:`check_arguments` (``generate``'s keywords, split into the static
+:class:`Options` and the traced :class:`Values`, then the prompt or source) and :func:`uniforms`,
+the reference of the counter-based random numbers both twins sample with.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Greedy/sampling and beam search as compiled loops. Twin: ``torch_ref/generation/search.py``.
 
-Both searches take the logits of the prompt's last token and the cache after the prefill, and a
-``step_fn(tokens (rows,), cache) -> (logits (rows, vocab), cache)`` that runs one token per row
-through the model. The loop is a ``jax.lax.while_loop`` inside the caller's ``jit``: every step
-runs in the compiled program, and it stops as soon as Hugging Face's loop would (every row
-finished, or beam search's stopping rule), not only at ``max_new_tokens``.
-
-Each iteration forwards the last tokens and then selects the next ones, so the model runs once
-for the prompt and once per token after the first, never for a token that is not needed.
-
-Output: a ``(batch, prompt + max_new_tokens)`` buffer and the length Hugging Face would return
-(prompt + the longest generated continuation); the caller slices on the host.
+``generate`` (``decoding.py``) calls them inside its ``jit`` with the prefill's logits and cache
+and a ``step_fn(tokens, cache) -> (logits, cache)``; a ``jax.lax.while_loop`` runs one token per
+step and stops when Hugging Face's loop would. Beam search carries one ``BeamState``. Output: a
+``(batch, prompt + max_new_tokens)`` buffer and the length to keep (the caller slices).
 """
 
 from __future__ import annotations

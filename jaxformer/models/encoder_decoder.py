@@ -1,29 +1,9 @@
-"""The encoder-decoder Transformer (Vaswani et al., 2017) in Flax NNX: seed 002.
-
-Twin: ``torch_ref/models/encoder_decoder.py``.
-
-Each side embeds its tokens (scaled by sqrt(hidden) as in the paper, 3.4) and adds positions
-(the fixed sinusoidal table of 3.5, or a learned one) -> the encoder, a stack of
-``TransformerBlock`` -> the decoder, whose layers add cross-attention over the encoder output
-between causal self-attention and the feed-forward -> the output projection to the target
-vocabulary, optionally tied to the target token embedding.
-
-Fixed bugs of seed 002 (see DESIGN.md): full ``C -> C`` query/key/value projections instead of a
-shared per-head ``Linear(head_dim, head_dim)``; softmax over keys and scaling by sqrt(head_dim)
-(``nn/attention.py``); positions index the table instead of being added to it; dropout on the
-decoder's sub-layer output, not its residual input; the target self-attention mask is causal AND
-target padding (the seed's ignored padding).
-
-Masks: the public ``src_mask`` / ``tgt_mask`` are ``[batch, seq]`` 1/0 (1 = real token), built
-from ``config.src_pad_id`` / ``config.tgt_pad_id`` when not given. Inside they become boolean
-``[B, 1, T, S]`` masks, True = may attend: the encoder self-attention masks source padding, the
-decoder self-attention is causal AND target padding, the cross-attention masks source padding.
-
-Decoding with a KV cache (``jaxformer.generation``): ``init_cache(memory, max_length, src_mask)``
-returns a ``Seq2SeqCache`` (``nn/cache.py``): every decoder layer's cross-attention keys and
-values, computed from the memory once, and its preallocated self-attention cache;
-``decode(tgt_ids, None, cache=cache)`` then runs only the new target tokens (positions continue
-from the cache's index) and returns ``(logits, new cache)``.
+"""The encoder-decoder Transformer (Vaswani et al., 2017) in Flax NNX, as specified by seed 002
+(the project's encoder-decoder seed document, preset ``TransformerConfig.simple_transformer``)
+with its bugs fixed (see ``Transformer``). Each side embeds its tokens and adds positions
+(sinusoidal or learned) -> the encoder blocks -> the decoder layers (causal self-attention,
+cross-attention over the memory, feed-forward) -> the target vocabulary. Twin:
+``torch_ref/models/encoder_decoder.py``.
 """
 
 from __future__ import annotations
@@ -188,6 +168,23 @@ class Transformer(nnx.Module):
     ``encode`` and ``decode`` run the two halves on their own (generation builds on them).
     With ``share_embeddings`` both sides read ``shared_embeddings``; with ``tie_word_embeddings``
     the logits use the target token table, else ``output_projection``.
+
+    Fixed bugs of seed 002 (see DESIGN.md): full ``C -> C`` query/key/value projections instead of a
+    shared per-head ``Linear(head_dim, head_dim)``; softmax over keys and scaling by sqrt(head_dim)
+    (``nn/attention.py``); positions index the table instead of being added to it; dropout on the
+    decoder's sub-layer output, not its residual input; the target self-attention mask is causal AND
+    target padding (the seed's ignored padding).
+
+    Masks: the public ``src_mask`` / ``tgt_mask`` are ``[batch, seq]`` 1/0 (1 = real token), built
+    from ``config.src_pad_id`` / ``config.tgt_pad_id`` when not given. Inside they become boolean
+    ``[B, 1, T, S]`` masks, True = may attend: the encoder self-attention masks source padding, the
+    decoder self-attention is causal AND target padding, the cross-attention masks source padding.
+
+    Decoding with a KV cache (``jaxformer.generation``): ``init_cache(memory, max_length,
+    src_mask)`` returns a ``Seq2SeqCache`` (``nn/cache.py``): every decoder layer's cross-attention
+    keys and values, computed from the memory once, and its preallocated self-attention cache;
+    ``decode(tgt_ids, None, cache=cache)`` then runs only the new target tokens (positions continue
+    from the cache's index) and returns ``(logits, new cache)``.
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):

@@ -1,30 +1,9 @@
-"""GPT (decoder-only) in Flax NNX: seed 004 and GPT-2. Twin: ``torch_ref/models/gpt.py``.
+"""GPT (decoder-only) in Flax NNX: GPT-2 and seed 004's ``SimpleGPTModel`` (the project's
+GPT seed document, preset ``GPTConfig.simple_gpt``). Twin: ``torch_ref/models/gpt.py``.
 
 Token + learned position embeddings (optional LayerNorm, dropout) -> a stack of causal
 Transformer blocks (pre-LN for GPT-2, post-LN for seed 004) -> optional final LayerNorm -> the LM
 head, tied to the token embedding (GPT-2) or its own ``lm_head`` (seed 004).
-
-Masks. The public ``attention_mask`` is ``[batch, seq]``, 1 for a real token; the causal mask is
-built here and combined with it by logical AND, so no caller-supplied mask can open the future to
-a query. Seed 004 passes a 4-D ``[B, 1, T, T]`` multiplicative mask instead; that form is refused
-with a ``ValueError`` because a mask of ones there would, in a model that trusted it, make the
-decoder bidirectional. Give the ``[batch, seq]`` padding mask (all ones = seed 004's example).
-
-Positions follow the real tokens: with a mask, ``position_ids = cumsum(mask) - 1`` at real tokens
-and 0 at padding, so a left-padded prompt (how batches are fed for generation) gets at its real
-positions exactly the logits of the same prompt unpadded. Without a mask, ``arange(seq)``.
-
-A padded query row (left padding puts them first) has every key masked: as masks.py documents,
-its softmax is then uniform over all keys. Such rows are finite, equal in both frameworks, and
-meaningless; nothing real attends to them.
-
-Decoding with a KV cache (``jaxformer.generation``): ``init_cache`` preallocates a
-``GPTCache`` (``nn/cache.py``: a ``LayerCache`` of ``(B, nh, L, hs)`` keys and values per block,
-the filled slots' ``mask``, the ``index`` of slots filled, each row's next ``positions``), and
-``hidden_states`` / ``__call__`` given ``cache=`` run only the new tokens and return ``(output,
-new cache)``. The new tokens' positions continue each row's count of real tokens, so a
-left-padded prompt and its continuation get exactly the positions and the mask of a full forward
-over the whole sequence.
 """
 
 from __future__ import annotations
@@ -77,7 +56,32 @@ class GPTEmbeddings(nnx.Module):
 
 class GPT(nnx.Module):
     """``(input_ids, attention_mask) -> logits (B, T, vocab)``; ``hidden_states`` stops before
-    the head. ``attention_mask`` is ``[batch, seq]`` (1 = real token) or None (no padding)."""
+    the head. ``attention_mask`` is ``[batch, seq]`` (1 = real token) or None (no padding).
+
+    Masks. The public ``attention_mask`` is ``[batch, seq]``, 1 for a real token; the causal mask is
+    built here and combined with it by logical AND, so no caller-supplied mask can open the future
+    to a query. Seed 004 passes a 4-D ``[B, 1, T, T]`` multiplicative mask instead; that form is
+    refused with a ``ValueError`` because a mask of ones there would, in a model that trusted it,
+    make the decoder bidirectional. Give the ``[batch, seq]`` padding mask (all ones = seed 004's
+    example).
+
+    Positions follow the real tokens: with a mask, ``position_ids = cumsum(mask) - 1`` at real
+    tokens and 0 at padding, so a left-padded prompt (how batches are fed for generation) gets at
+    its real positions exactly the logits of the same prompt unpadded. Without a mask,
+    ``arange(seq)``.
+
+    A padded query row (left padding puts them first) has every key masked: as masks.py documents,
+    its softmax is then uniform over all keys. Such rows are finite, equal in both frameworks, and
+    meaningless; nothing real attends to them.
+
+    Decoding with a KV cache (``jaxformer.generation``): ``init_cache`` preallocates a ``GPTCache``
+    (``nn/cache.py``: a ``LayerCache`` of ``(B, nh, L, hs)`` keys and values per block, the filled
+    slots' ``mask``, the ``index`` of slots filled, each row's next ``positions``), and
+    ``hidden_states`` / ``__call__`` given ``cache=`` run only the new tokens and return ``(output,
+    new cache)``. The new tokens' positions continue each row's count of real tokens, so a
+    left-padded prompt and its continuation get exactly the positions and the mask of a full forward
+    over the whole sequence.
+    """
 
     def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs):
         self.config = config

@@ -1,13 +1,9 @@
-"""The KV cache of cached decoding: typed pytrees that jit, scan and while_loop carry.
-
-Attention (``nn/attention.py``) reads and writes a :class:`LayerCache`; the models build a
-:class:`GPTCache` or a :class:`Seq2SeqCache` (``init_cache``) and every cached call returns
-``(output, new cache)``; ``jaxformer.generation`` carries one through its compiled loop. Twin:
-``torch_ref/nn/cache.py`` (plain dataclasses of tensors, the same classes and fields).
-
-Shapes: B batch, nh heads, L cache slots (preallocated), S source length, hs head size. A stack
-of layers holds one cache per layer: a tuple when unrolled, one cache whose arrays have a leading
-layer axis when scanned (``nn/stack.py`` scans it alongside the weights).
+"""The KV cache of cached decoding: typed pytrees (``flax.struct``) that jit, scan and
+while_loop carry. Attention reads and writes a :class:`LayerCache`; ``GPT.init_cache`` and
+``Transformer.init_cache`` build a :class:`GPTCache` / :class:`Seq2SeqCache`, and every cached
+call returns ``(output, new cache)``. Shapes: B batch, nh heads, L slots, S source, hs head size;
+a stack's ``layers`` is a tuple (unrolled) or one cache with a leading layer axis (scanned, see
+``nn/stack.py``). Twin: ``torch_ref/nn/cache.py``.
 """
 
 from __future__ import annotations

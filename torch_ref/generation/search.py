@@ -1,5 +1,9 @@
 """Twin of ``jaxformer/generation/search.py``: the same greedy/sampling and beam search, step for
-step, as a Python loop (torch's idiom: each step dispatches eagerly)."""
+step, as a Python loop (torch's idiom: each step dispatches eagerly).
+
+``generate`` (``decoding.py``) calls them with a ``step_fn`` over the model's cache; beam search
+keeps its state in a ``BeamState`` and moves the cache rows with ``nn.cache.map_rows``.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Twin of ``jaxformer/models/gpt.py``: GPT in PyTorch, same classes, attributes and arguments.
 
-See ``jaxformer/models/gpt.py`` for the masks (``[batch, seq]`` only; the causal mask is built
-inside, a 4-D mask is refused), the position ids (``cumsum(mask) - 1`` at real tokens, 0 at
-padding) and the KV cache, a ``GPTCache`` (``torch_ref/nn/cache.py``): keys and values are
-heads-first ``(B, nh, L, hs)`` as in jaxformer, written in place here; ``index`` is a Python int.
+See jaxformer's ``GPT`` for the masks (``[batch, seq]`` only; the causal mask is built inside, a
+4-D mask is refused), the position ids (``cumsum(mask) - 1`` at real tokens, 0 at padding) and
+the KV cache, a ``GPTCache`` (``torch_ref/nn/cache.py``): keys and values are heads-first
+``(B, nh, L, hs)`` as in jaxformer, written in place here; ``index`` is a Python int.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Twin of ``jaxformer/nn/layers.py``: parameter factories, feed-forward, the Transformer block."""
+"""Twin of ``jaxformer/nn/layers.py``: the feed-forward and the Transformer block in PyTorch.
+
+Every model family builds its blocks from these; with a self-attention cache (a ``LayerCache``,
+``torch_ref/nn/cache.py``) a block returns ``(output, new cache)``, as jaxformer's does.
+"""
 
 from __future__ import annotations
 
