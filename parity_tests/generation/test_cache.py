@@ -1,12 +1,8 @@
-"""Cached decoding equals the full forward pass (DESIGN.md: 1e-5 at every step), in both twins.
-
-A prompt is run through the cache in one call (the prefill), then the continuation one token per
-call; the logits of every call are compared with those of one full forward over the prompt and
-its continuation at the same positions. The model is causal, so the full forward's logits at
-position t are those of a forward over the prefix ending at t. Batches are left-padded with a
-different number of real tokens per row (one row has a single real token); only real positions
-are compared. GPT: pre-LN (GPT-2) and post-LN (seed 004); encoder-decoder: post-LN with
-sinusoidal positions, pre-LN with learned positions, shared and tied embeddings.
+"""Cached decoding equals the full forward pass (DESIGN.md: 1e-5 at every step), in both twins:
+a left-padded batch (6, 3 and 1 real tokens) is prefilled in one call, then continued one token
+per call, and every call's logits are compared at the real positions with one full forward over
+the whole sequence (the model is causal). GPT pre-LN (GPT-2) and post-LN (seed 004's layout);
+encoder-decoder post-LN sinusoidal, and pre-LN learned with shared, tied embeddings.
 """
 
 from __future__ import annotations

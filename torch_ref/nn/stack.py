@@ -2,13 +2,7 @@
 
 torch has no scan: the blocks are always submodules ``0 .. num_layers-1`` (the state dict keys
 ``blocks.0.attention.query.weight`` ...), whatever ``config.scan_layers`` says, and a cache is
-always a tuple of per-layer caches (``torch_ref/nn/cache.py``). jaxformer's scanned stacks
-convert to and from these keys.
-
-Rematerialisation: in training mode with ``config.remat != "none"`` each block runs under
-``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``, which keeps only the block's
-input and recomputes the rest in the backward pass, whichever JAX policy is named (torch's
-checkpoint has no counterpart of "save the matmuls"): the gradients are the same in every case.
+always a tuple of per-layer caches (``torch_ref/nn/cache.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +12,15 @@ from torch.utils.checkpoint import checkpoint
 
 
 class LayerStack(nn.Module):
+    """``num_layers`` blocks applied in order; jaxformer's scanned stacks convert to and from
+    their per-layer keys.
+
+    Rematerialisation: in training mode with ``config.remat != "none"`` each block runs under
+    ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``, which keeps only the block's
+    input and recomputes the rest in the backward pass, whichever JAX policy is named (torch's
+    checkpoint has no counterpart of "save the matmuls"): the gradients are the same in every case.
+    """
+
     def __init__(self, config, block, num_layers: int):
         super().__init__()
         self.num_layers = num_layers
