@@ -158,3 +158,16 @@ def check_source_target(config, src_ids, tgt_ids, src_mask=None, tgt_mask=None) 
     if src_ids.shape[0] != tgt_ids.shape[0]:
         raise ValueError(f"src_ids has batch size {src_ids.shape[0]} but tgt_ids has batch "
                          f"size {tgt_ids.shape[0]}; they must match")
+
+
+def check_cache_call(name: str, input_ids, cache_batch: int, cache_length: int,
+                     cache_index) -> None:
+    """A model call with a KV cache (``GPT``, ``Transformer.decode``): the batch fits the cache,
+    and (when the index is concrete) the new tokens fit in the slots left."""
+    if input_ids.shape[0] != cache_batch:
+        raise ValueError(f"{name} has batch size {input_ids.shape[0]} but the cache was made "
+                         f"for {cache_batch}")
+    index = host_values(cache_index)
+    if index is not None and int(index) + input_ids.shape[1] > cache_length:
+        raise ValueError(f"the cache holds {cache_length} slots, {int(index)} used: no room "
+                         f"for {input_ids.shape[1]} more tokens")

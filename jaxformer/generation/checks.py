@@ -1,15 +1,8 @@
-"""The framework-free part of generation (numpy and the standard library only).
-
-``jaxformer.generation`` and its twin ``torch_ref.generation`` both read this module, so they
-refuse the same arguments with the same messages and compute from the same tables:
-
-- :func:`check_generate` validates ``generate``'s keyword arguments and splits them into the
-  :class:`Options` that shape the program (static under ``jit``) and the :class:`Values` that
-  do not (traced, so changing them does not recompile);
-- :func:`check_prompt` validates the prompt and its mask;
-- :func:`check_cache_call` validates a model call with a KV cache;
-- :func:`uniforms` is the reference of the counter-based random numbers both twins draw for
-  sampling (a seeded run gives the same tokens in both frameworks).
+"""The framework-free part of generation (numpy and the standard library only), read by both
+``jaxformer.generation`` and ``torch_ref.generation`` so they refuse the same arguments with the
+same messages: :func:`check_arguments` (``generate``'s keywords, split into the static
+:class:`Options` and the traced :class:`Values`, then the prompt or source) and :func:`uniforms`,
+the reference of the counter-based random numbers both twins sample with.
 """
 
 from __future__ import annotations
@@ -171,19 +164,6 @@ def check_target_room(max_new_tokens: int, max_positions: int) -> None:
         raise ValueError(f"max_new_tokens={max_new_tokens} plus the decoder start token needs "
                          f"{1 + max_new_tokens} target positions, more than the position table "
                          f"holds (max_position_embeddings={max_positions})")
-
-
-def check_cache_call(name: str, input_ids, cache_batch: int, cache_length: int,
-                     cache_index) -> None:
-    """A model call with a cache: the batch fits the cache, and (when the index is concrete)
-    the new tokens fit in the slots left."""
-    if input_ids.shape[0] != cache_batch:
-        raise ValueError(f"{name} has batch size {input_ids.shape[0]} but the cache was made "
-                         f"for {cache_batch}")
-    index = validate.host_values(cache_index)
-    if index is not None and int(index) + input_ids.shape[1] > cache_length:
-        raise ValueError(f"the cache holds {cache_length} slots, {int(index)} used: no room "
-                         f"for {input_ids.shape[1]} more tokens")
 
 
 GENERATE_ARGUMENTS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p",

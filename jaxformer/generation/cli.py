@@ -1,11 +1,9 @@
 """``jaxformer generate``: text from a Hugging Face GPT-2 directory, streamed as it is produced.
 
-The directory holds ``config.json``, the weights and ``tokenizer.json`` (the fast tokenizer
-file). Prompts are tokenized with it, left-padded into one batch, and continued by
-``jaxformer.generation.generate`` (``--framework jax``, the default) or its torch_ref twin. With
-one prompt and ``--num-beams 1`` the text appears token by token (``stream``); otherwise each
-completion is printed when the batch is done. A summary line on stderr gives the new tokens, the
-time to the first one (compilation included on the first run) and tokens per second.
+Prompts are tokenized with the directory's ``tokenizer.json``, left-padded into one batch and
+continued by the chosen framework's ``generate`` (``jaxformer.frameworks``: jax by default, or
+the torch_ref twin); one prompt with ``--num-beams 1`` streams token by token. A summary on
+stderr gives the new tokens, the time to the first one and tokens per second.
 """
 
 from __future__ import annotations
@@ -96,12 +94,11 @@ def _until_eos(tokens: np.ndarray, eos: int | None) -> np.ndarray:
 
 
 def run(args: argparse.Namespace) -> int:
+    from jaxformer import frameworks
     from jaxformer.checkpoints import hf
 
-    if args.framework == "jax":
-        from jaxformer.generation import generate, stream
-    else:
-        from torch_ref.generation import generate, stream
+    generation = frameworks.module(args.framework, "generation")
+    generate, stream = generation.generate, generation.stream
     try:
         model = hf.from_pretrained(args.model, args.framework)
         tokenizer = Tokenizer(args.model)

@@ -1,16 +1,9 @@
 """Greedy/sampling and beam search as compiled loops. Twin: ``torch_ref/generation/search.py``.
 
-Both searches take the logits of the prompt's last token and the cache after the prefill, and a
-``step_fn(tokens (rows,), cache) -> (logits (rows, vocab), cache)`` that runs one token per row
-through the model. The loop is a ``jax.lax.while_loop`` inside the caller's ``jit``: every step
-runs in the compiled program, and it stops as soon as Hugging Face's loop would (every row
-finished, or beam search's stopping rule), not only at ``max_new_tokens``.
-
-Each iteration forwards the last tokens and then selects the next ones, so the model runs once
-for the prompt and once per token after the first, never for a token that is not needed.
-
-Output: a ``(batch, prompt + max_new_tokens)`` buffer and the length Hugging Face would return
-(prompt + the longest generated continuation); the caller slices on the host.
+``generate`` (``decoding.py``) calls them inside its ``jit`` with the prefill's logits and cache
+and a ``step_fn(tokens, cache) -> (logits, cache)``; a ``jax.lax.while_loop`` runs one token per
+step and stops when Hugging Face's loop would. Beam search carries one ``BeamState``. Output: a
+``(batch, prompt + max_new_tokens)`` buffer and the length to keep (the caller slices).
 """
 
 from __future__ import annotations
@@ -20,9 +13,11 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 from jax.experimental import io_callback
 
 from jaxformer.generation import checks, processors
+from jaxformer.nn.cache import GPTCache, Seq2SeqCache, map_rows
 
 NEG = -1.0e9  # Hugging Face's "very large negative" in the beam bookkeeping
 
@@ -57,13 +52,23 @@ def _gather(x, indices):
     return jnp.take_along_axis(x, indices.reshape(indices.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-def _rows(cache, fn):
-    """Apply ``fn(leaf, axis)`` to every per-row leaf of a cache (all but the scalar ``index``),
-    ``axis`` being its row axis: 0, or 1 in the layers of a scanned stack (a pytree of arrays with
-    a leading layer axis, where an unrolled stack has a list; see ``jaxformer/nn/stack.py``)."""
-    axis = {"layers": 0 if isinstance(cache["layers"], list) else 1}
-    return {name: jax.tree.map(lambda x: fn(x, axis.get(name, 0)) if x.ndim else x, value)
-            for name, value in cache.items()}
+@struct.dataclass
+class BeamState:
+    """Beam search's loop state, ``B`` rows of ``nb`` beams (Hugging Face's names): the
+    ``running_*`` beams still growing, the best finished hypotheses (``sequences``, ``scores``,
+    ``finished``, ``lengths``), whether each row can still improve (``unsatisfied``), and the
+    running beams' KV cache, ``B * nb`` rows (a ``GPTCache`` or ``Seq2SeqCache``)."""
+
+    step: jax.Array  # () int32: tokens generated
+    done: jax.Array  # () bool: the stopping rule fired
+    running_sequences: jax.Array  # (B, nb, width) int32
+    running_scores: jax.Array  # (B, nb) float32: sum of log-probabilities
+    sequences: jax.Array  # (B, nb, width) int32: finished hypotheses
+    scores: jax.Array  # (B, nb) float32: their length-penalised scores (NEG: empty slot)
+    finished: jax.Array  # (B, nb) bool
+    lengths: jax.Array  # (B, nb) int32: their generated lengths
+    unsatisfied: jax.Array  # (B, 1) bool
+    cache: GPTCache | Seq2SeqCache
 
 
 def greedy(step_fn, logits, cache, prompt, options: checks.Options, values, streamer=None):
@@ -122,12 +127,12 @@ def beam(step_fn, logits, cache, prompt, options: checks.Options, values):
     first_nb = (jnp.arange(K) < nb)[None]  # (1, K)
     batch_offset = (jnp.arange(B) * nb)[:, None]  # (B, 1)
 
-    def select(state, logits):
-        step = state["step"]
+    def select(state: BeamState, logits) -> BeamState:
+        step = state.step
         log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # (B * nb, V)
         if options.do_sample:
             log_probs = processors.process(log_probs, options, values)
-        log_probs = log_probs.reshape(B, nb, V) + state["running_scores"][:, :, None]
+        log_probs = log_probs.reshape(B, nb, V) + state.running_scores[:, :, None]
         flat = log_probs.reshape(B, nb * V)
         if options.do_sample:
             u = processors.uniforms(values["seed"], step, B, nb * V)
@@ -136,7 +141,7 @@ def beam(step_fn, logits, cache, prompt, options: checks.Options, values):
         else:
             top_log_probs, index = jax.lax.top_k(flat, K)  # (B, K)
         source, tokens = index // V, index % V
-        top_sequences = _set_column(_gather(state["running_sequences"], source), P + step,
+        top_sequences = _set_column(_gather(state.running_sequences, source), P + step,
                                     tokens)  # (B, K, width)
         hits = jnp.broadcast_to(P + step + 1 >= width, tokens.shape)
         if eos is not None:
@@ -145,58 +150,56 @@ def beam(step_fn, logits, cache, prompt, options: checks.Options, values):
         # the num_beams best continuations that did not finish run on
         running_log_probs = top_log_probs + hits.astype(jnp.float32) * NEG
         keep = jax.lax.top_k(running_log_probs, nb)[1]  # (B, nb)
-        state = dict(state, running_sequences=_gather(top_sequences, keep),
-                     running_scores=_gather(running_log_probs, keep))
+        running_sequences = _gather(top_sequences, keep)
+        running_scores = _gather(running_log_probs, keep)
         source = _gather(source, keep)
 
         # finished ones among the top num_beams compete for the finished slots
         just_finished = hits & first_nb
         scores = top_log_probs / values["length_penalty"][step + 1]
         if options.early_stopping is True:
-            full = jnp.all(state["finished"], axis=-1, keepdims=True)
+            full = jnp.all(state.finished, axis=-1, keepdims=True)
             scores = scores + full.astype(jnp.float32) * NEG
-        scores = scores + (~state["unsatisfied"]).astype(jnp.float32) * NEG
+        scores = scores + (~state.unsatisfied).astype(jnp.float32) * NEG
         scores = scores + (~just_finished).astype(jnp.float32) * NEG
-        merged_scores = jnp.concatenate([state["scores"], scores], axis=1)
+        merged_scores = jnp.concatenate([state.scores, scores], axis=1)
         best = jax.lax.top_k(merged_scores, nb)[1]
-        merged = {
-            "sequences": jnp.concatenate([state["sequences"], top_sequences], axis=1),
-            "finished": jnp.concatenate([state["finished"], just_finished], axis=1),
-            "lengths": jnp.concatenate(
-                [state["lengths"], jnp.full((B, K), step + 1, jnp.int32)], axis=1)}
-        state.update({name: _gather(x, best) for name, x in merged.items()})
-        state["scores"] = _gather(merged_scores, best)
+        sequences = _gather(jnp.concatenate([state.sequences, top_sequences], axis=1), best)
+        finished = _gather(jnp.concatenate([state.finished, just_finished], axis=1), best)
+        lengths = _gather(jnp.concatenate(
+            [state.lengths, jnp.full((B, K), step + 1, jnp.int32)], axis=1), best)
+        scores = _gather(merged_scores, best)
 
         rows = (batch_offset + source).reshape(-1)  # each running beam's parent row
-        state["cache"] = _rows(state["cache"], lambda x, axis: jnp.take(x, rows, axis=axis))
+        cache = map_rows(state.cache, lambda x, axis: jnp.take(x, rows, axis=axis))
         step = step + 1
-        best_running = state["running_scores"][:, :1] / values["best_length_penalty"][step]
-        worst_finished = jnp.where(state["finished"],
-                                   jnp.min(state["scores"], axis=1, keepdims=True), NEG)
-        state["unsatisfied"] = state["unsatisfied"] & jnp.any(best_running > worst_finished,
-                                                              axis=-1, keepdims=True)
-        open_beam = ~(jnp.all(state["finished"]) & (options.early_stopping is True))
-        state["done"] = ~(jnp.any(state["unsatisfied"]) & open_beam & ~jnp.all(hits))
-        state["step"] = step
-        return state
+        best_running = running_scores[:, :1] / values["best_length_penalty"][step]
+        worst_finished = jnp.where(finished, jnp.min(scores, axis=1, keepdims=True), NEG)
+        unsatisfied = state.unsatisfied & jnp.any(best_running > worst_finished, axis=-1,
+                                                  keepdims=True)
+        open_beam = ~(jnp.all(finished) & (options.early_stopping is True))
+        done = ~(jnp.any(unsatisfied) & open_beam & ~jnp.all(hits))
+        return BeamState(step=step, done=done, running_sequences=running_sequences,
+                         running_scores=running_scores, sequences=sequences, scores=scores,
+                         finished=finished, lengths=lengths, unsatisfied=unsatisfied,
+                         cache=cache)
 
-    def body(state):
-        last = _column(state["running_sequences"], P + state["step"] - 1).reshape(B * nb)
-        logits, state["cache"] = step_fn(last, state["cache"])
-        return select(state, logits)
+    def body(state: BeamState) -> BeamState:
+        last = _column(state.running_sequences, P + state.step - 1).reshape(B * nb)
+        logits, cache = step_fn(last, state.cache)
+        return select(state.replace(cache=cache), logits)
 
     start = jnp.full((B, nb, width), values["pad_token_id"], jnp.int32)
     start = start.at[:, :, :P].set(prompt[:, None, :])
-    state = {
-        "step": jnp.int32(0), "done": jnp.bool_(False),
-        "running_sequences": start, "sequences": start,
-        "running_scores": jnp.zeros((B, nb), jnp.float32).at[:, 1:].set(NEG),
-        "scores": jnp.full((B, nb), NEG, jnp.float32),
-        "finished": jnp.zeros((B, nb), bool), "lengths": jnp.zeros((B, nb), jnp.int32),
-        "unsatisfied": jnp.ones((B, 1), bool),
+    state = BeamState(
+        step=jnp.int32(0), done=jnp.bool_(False),
+        running_sequences=start,
+        running_scores=jnp.zeros((B, nb), jnp.float32).at[:, 1:].set(NEG),
+        sequences=start, scores=jnp.full((B, nb), NEG, jnp.float32),
+        finished=jnp.zeros((B, nb), bool), lengths=jnp.zeros((B, nb), jnp.int32),
+        unsatisfied=jnp.ones((B, 1), bool),
         # the prompt ran once per row; every beam of a row starts from its cache
-        "cache": _rows(cache, lambda x, axis: jnp.repeat(x, nb, axis=axis)),
-    }
+        cache=map_rows(cache, lambda x, axis: jnp.repeat(x, nb, axis=axis)))
     state = select(state, jnp.repeat(logits, nb, axis=0))
-    state = jax.lax.while_loop(lambda s: ~s["done"] & (s["step"] < N), body, state)
-    return state["sequences"][:, 0], P + jnp.max(state["lengths"][:, 0])
+    state = jax.lax.while_loop(lambda s: ~s.done & (s.step < N), body, state)
+    return state.sequences[:, 0], P + jnp.max(state.lengths[:, 0])

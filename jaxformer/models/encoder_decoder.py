@@ -1,32 +1,9 @@
-"""The encoder-decoder Transformer (Vaswani et al., 2017) in Flax NNX: seed 002.
-
-Twin: ``torch_ref/models/encoder_decoder.py``.
-
-Each side embeds its tokens (scaled by sqrt(hidden) as in the paper, 3.4) and adds positions
-(the fixed sinusoidal table of 3.5, or a learned one) -> the encoder, a stack of
-``TransformerBlock`` -> the decoder, whose layers add cross-attention over the encoder output
-between causal self-attention and the feed-forward -> the output projection to the target
-vocabulary, optionally tied to the target token embedding.
-
-Fixed bugs of seed 002 (see DESIGN.md): full ``C -> C`` query/key/value projections instead of a
-shared per-head ``Linear(head_dim, head_dim)``; softmax over keys and scaling by sqrt(head_dim)
-(``nn/attention.py``); positions index the table instead of being added to it; dropout on the
-decoder's sub-layer output, not its residual input; the target self-attention mask is causal AND
-target padding (the seed's ignored padding).
-
-Masks: the public ``src_mask`` / ``tgt_mask`` are ``[batch, seq]`` 1/0 (1 = real token), built
-from ``config.src_pad_id`` / ``config.tgt_pad_id`` when not given. Inside they become boolean
-``[B, 1, T, S]`` masks, True = may attend: the encoder self-attention masks source padding, the
-decoder self-attention is causal AND target padding, the cross-attention masks source padding.
-
-Decoding with a KV cache (``jaxformer.generation``): ``init_cache(memory, max_length, src_mask)``
-computes every decoder layer's cross-attention keys and values from the memory once and
-preallocates the self-attention cache; ``decode(tgt_ids, None, cache=cache)`` then runs only the
-new target tokens (positions continue from the cache's index) and returns ``(logits, cache)``.
-The cache is plain data: ``{"layers": [{"self": {"key", "value"} (B, nh, L, hs), "cross":
-{"key", "value"} (B, nh, S, hs)}] (scanned stacks: one such dict of arrays with a leading layer
-axis, see nn/stack.py), "mask": (B, L) real target tokens in the filled slots, "index": slots
-filled, "source_mask": (B, S)}``.
+"""The encoder-decoder Transformer (Vaswani et al., 2017) in Flax NNX, as specified by seed 002
+(the project's encoder-decoder seed document, preset ``TransformerConfig.simple_transformer``)
+with its bugs fixed (see ``Transformer``). Each side embeds its tokens and adds positions
+(sinusoidal or learned) -> the encoder blocks -> the decoder layers (causal self-attention,
+cross-attention over the memory, feed-forward) -> the target vocabulary. Twin:
+``torch_ref/models/encoder_decoder.py``.
 """
 
 from __future__ import annotations
@@ -40,9 +17,9 @@ from flax import nnx
 
 from jaxformer import validate
 from jaxformer.config import TransformerConfig
-from jaxformer.generation import checks
 from jaxformer.nn.attention import MultiHeadAttention, cache_mask
-from jaxformer.nn.layers import FeedForward, TransformerBlock, split_cache
+from jaxformer.nn.cache import DecoderLayerCache, LayerCache, Seq2SeqCache
+from jaxformer.nn.layers import FeedForward, TransformerBlock
 from jaxformer.nn.masks import causal_mask, combine_masks, padding_mask
 from jaxformer.nn.params import embedding, layer_norm, linear
 from jaxformer.nn.stack import LayerStack
@@ -120,31 +97,36 @@ class DecoderLayer(nnx.Module):
 
     def __call__(self, x, memory, self_mask=None, cross_mask=None, cache=None,
                  cache_index=None):
-        """With ``cache`` (``{"self", "cross"}``, see the module doc) ``memory`` is None and the
-        call returns ``(x, new cache)``."""
-        self_cache, cross_cache = (None, None) if cache is None else (cache["self"],
-                                                                      cache["cross"])
+        """With ``cache`` (a ``DecoderLayerCache``) ``memory`` is None and the call returns
+        ``(x, new cache)``: the self-attention's slots written, the cross-attention's as given."""
 
         def self_attend(h):
-            return split_cache(self.self_attention(h, mask=self_mask, cache=self_cache,
-                                                   cache_index=cache_index), self_cache)
+            if cache is None:
+                return self.self_attention(h, mask=self_mask), None
+            return self.self_attention(h, mask=self_mask, cache=cache.self_attention,
+                                       cache_index=cache_index)
 
         def cross_attend(h):
-            return split_cache(self.cross_attention(h, memory, cross_mask, cross_cache),
-                               cross_cache)[0]
+            if cache is None:
+                return self.cross_attention(h, memory, cross_mask), None
+            return self.cross_attention(h, None, cross_mask, cache.cross_attention)
 
         if self.pre_norm:
             h, self_cache = self_attend(self.self_attention_norm(x))
             x = x + self.dropout(h)
-            x = x + self.dropout(cross_attend(self.cross_attention_norm(x)))
+            h, cross_cache = cross_attend(self.cross_attention_norm(x))
+            x = x + self.dropout(h)
             x = x + self.dropout(self.feed_forward(self.ffn_norm(x)))
         else:
             h, self_cache = self_attend(x)
             x = self.self_attention_norm(x + self.dropout(h))
-            x = self.cross_attention_norm(x + self.dropout(cross_attend(x)))
+            h, cross_cache = cross_attend(x)
+            x = self.cross_attention_norm(x + self.dropout(h))
             x = self.ffn_norm(x + self.dropout(self.feed_forward(x)))
         x = constrain(x, ("batch", "seq", "hidden"))  # the residual stream: split by examples
-        return x if cache is None else (x, {"self": self_cache, "cross": cross_cache})
+        if cache is None:
+            return x
+        return x, DecoderLayerCache(self_attention=self_cache, cross_attention=cross_cache)
 
 
 class Encoder(nnx.Module):
@@ -170,7 +152,8 @@ class Decoder(nnx.Module):
 
     def __call__(self, hidden_states, memory, self_mask=None, cross_mask=None, cache=None,
                  cache_index=None):
-        """With ``cache`` (one per layer) returns ``(hidden_states, new caches)``."""
+        """With ``cache`` (a ``DecoderLayerCache`` per layer, see ``nn/stack.py``) returns
+        ``(hidden_states, new cache)``."""
         out = self.layers(hidden_states, memory, self_mask, cross_mask, cache=cache,
                           cache_index=cache_index)
         hidden_states, new_cache = (out, None) if cache is None else out
@@ -185,6 +168,23 @@ class Transformer(nnx.Module):
     ``encode`` and ``decode`` run the two halves on their own (generation builds on them).
     With ``share_embeddings`` both sides read ``shared_embeddings``; with ``tie_word_embeddings``
     the logits use the target token table, else ``output_projection``.
+
+    Fixed bugs of seed 002 (see DESIGN.md): full ``C -> C`` query/key/value projections instead of a
+    shared per-head ``Linear(head_dim, head_dim)``; softmax over keys and scaling by sqrt(head_dim)
+    (``nn/attention.py``); positions index the table instead of being added to it; dropout on the
+    decoder's sub-layer output, not its residual input; the target self-attention mask is causal AND
+    target padding (the seed's ignored padding).
+
+    Masks: the public ``src_mask`` / ``tgt_mask`` are ``[batch, seq]`` 1/0 (1 = real token), built
+    from ``config.src_pad_id`` / ``config.tgt_pad_id`` when not given. Inside they become boolean
+    ``[B, 1, T, S]`` masks, True = may attend: the encoder self-attention masks source padding, the
+    decoder self-attention is causal AND target padding, the cross-attention masks source padding.
+
+    Decoding with a KV cache (``jaxformer.generation``): ``init_cache(memory, max_length,
+    src_mask)`` returns a ``Seq2SeqCache`` (``nn/cache.py``): every decoder layer's cross-attention
+    keys and values, computed from the memory once, and its preallocated self-attention cache;
+    ``decode(tgt_ids, None, cache=cache)`` then runs only the new target tokens (positions continue
+    from the cache's index) and returns ``(logits, new cache)``.
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
@@ -209,18 +209,18 @@ class Transformer(nnx.Module):
         x = self.src_embeddings(src_ids, self.shared_embeddings)
         return self.encoder(x, padding_mask(src_mask))  # mask (B, 1, 1, S)
 
-    def init_cache(self, memory, max_length: int, src_mask=None) -> dict:
+    def init_cache(self, memory, max_length: int, src_mask=None) -> Seq2SeqCache:
         """A cache for decoding ``max_length`` target tokens against ``memory`` ``(B, S, C)``:
         cross-attention keys and values computed here, once (see the module doc)."""
         B, S, _ = memory.shape
         shape = (B, self.config.num_heads, max_length, self.config.head_dim)
         dtype = jnp.dtype(self.config.dtype)
-        layers = self.decoder.layers.map(lambda layer: {
-            "self": {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)},
-            "cross": layer.cross_attention.key_value(memory)})
+        layers = self.decoder.layers.map(lambda layer: DecoderLayerCache(
+            self_attention=LayerCache(key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype)),
+            cross_attention=layer.cross_attention.key_value(memory)))
         source_mask = jnp.ones((B, S), bool) if src_mask is None else jnp.asarray(src_mask) > 0
-        return {"layers": layers, "mask": jnp.zeros((B, max_length), bool),
-                "index": jnp.zeros((), jnp.int32), "source_mask": source_mask}
+        return Seq2SeqCache(layers=layers, mask=jnp.zeros((B, max_length), bool),
+                            index=jnp.zeros((), jnp.int32), source_mask=source_mask)
 
     def decode(self, tgt_ids, memory, src_mask=None, tgt_mask=None, cache=None):
         """``(B, T)`` target ids and memory ``(B, S, C)`` -> logits ``(B, T, tgt_vocab_size)``.
@@ -244,21 +244,20 @@ class Transformer(nnx.Module):
         y = self.tgt_embeddings(tgt_ids, self.shared_embeddings)
         return self._logits(self.decoder(y, memory, self_mask, cross_mask))  # (B, T, V)
 
-    def _cached_decode(self, tgt_ids, memory, src_mask, tgt_mask, cache):
+    def _cached_decode(self, tgt_ids, memory, src_mask, tgt_mask, cache: Seq2SeqCache):
         if memory is not None or src_mask is not None:
             raise ValueError("decode with a cache reads the memory's keys and values and the "
                              "source mask from the cache: pass memory=None, src_mask=None")
-        T, index = tgt_ids.shape[1], cache["index"]
-        checks.check_cache_call("tgt_ids", tgt_ids, *cache["mask"].shape, index)
-        valid = jax.lax.dynamic_update_slice(cache["mask"], jnp.asarray(tgt_mask).astype(bool),
+        T, index = tgt_ids.shape[1], cache.index
+        validate.check_cache_call("tgt_ids", tgt_ids, *cache.mask.shape, index)
+        valid = jax.lax.dynamic_update_slice(cache.mask, jnp.asarray(tgt_mask).astype(bool),
                                              (0, index))  # (B, L)
         self_mask = cache_mask(valid, index, T)  # (B, 1, T, L)
-        cross_mask = padding_mask(cache["source_mask"])  # (B, 1, 1, S)
+        cross_mask = padding_mask(cache.source_mask)  # (B, 1, 1, S)
         y = self.tgt_embeddings(tgt_ids, self.shared_embeddings, index + jnp.arange(T))
-        hidden_states, layers = self.decoder(y, None, self_mask, cross_mask, cache["layers"],
-                                             index)
-        cache = {"layers": layers, "mask": valid, "index": index + T,
-                 "source_mask": cache["source_mask"]}
+        hidden_states, layers = self.decoder(y, None, self_mask, cross_mask, cache.layers, index)
+        cache = Seq2SeqCache(layers=layers, mask=valid, index=index + T,
+                             source_mask=cache.source_mask)
         return self._logits(hidden_states), cache
 
     def _logits(self, hidden_states):

@@ -1,31 +1,9 @@
-"""GPT (decoder-only) in Flax NNX: seed 004 and GPT-2. Twin: ``torch_ref/models/gpt.py``.
+"""GPT (decoder-only) in Flax NNX: GPT-2 and seed 004's ``SimpleGPTModel`` (the project's
+GPT seed document, preset ``GPTConfig.simple_gpt``). Twin: ``torch_ref/models/gpt.py``.
 
 Token + learned position embeddings (optional LayerNorm, dropout) -> a stack of causal
 Transformer blocks (pre-LN for GPT-2, post-LN for seed 004) -> optional final LayerNorm -> the LM
 head, tied to the token embedding (GPT-2) or its own ``lm_head`` (seed 004).
-
-Masks. The public ``attention_mask`` is ``[batch, seq]``, 1 for a real token; the causal mask is
-built here and combined with it by logical AND, so no caller-supplied mask can open the future to
-a query. Seed 004 passes a 4-D ``[B, 1, T, T]`` multiplicative mask instead; that form is refused
-with a ``ValueError`` because a mask of ones there would, in a model that trusted it, make the
-decoder bidirectional. Give the ``[batch, seq]`` padding mask (all ones = seed 004's example).
-
-Positions follow the real tokens: with a mask, ``position_ids = cumsum(mask) - 1`` at real tokens
-and 0 at padding, so a left-padded prompt (how batches are fed for generation) gets at its real
-positions exactly the logits of the same prompt unpadded. Without a mask, ``arange(seq)``.
-
-A padded query row (left padding puts them first) has every key masked: as masks.py documents,
-its softmax is then uniform over all keys. Such rows are finite, equal in both frameworks, and
-meaningless; nothing real attends to them.
-
-Decoding with a KV cache (``jaxformer.generation``): ``init_cache`` preallocates one, and
-``hidden_states`` / ``__call__`` given ``cache=`` run only the new tokens and return ``(output,
-new cache)``. The cache is plain data: ``{"layers": [{"key", "value"} (B, nh, L, hs) per block]
-(scanned stacks: one ``{"key", "value"}`` of ``(layers, B, nh, L, hs)``, see nn/stack.py),
-"mask": (B, L) bool, real tokens in the filled slots, "index": slots filled, "positions": (B,)
-position of each row's next real token}``. The new tokens' positions continue each row's count
-of real tokens, so a left-padded prompt and its continuation get exactly the positions and the
-mask of a full forward over the whole sequence.
 """
 
 from __future__ import annotations
@@ -36,8 +14,8 @@ from flax import nnx
 
 from jaxformer import validate
 from jaxformer.config import GPTConfig
-from jaxformer.generation import checks
 from jaxformer.nn.attention import cache_mask
+from jaxformer.nn.cache import GPTCache, LayerCache
 from jaxformer.nn.layers import TransformerBlock
 from jaxformer.nn.masks import causal_mask, combine_masks, padding_mask
 from jaxformer.nn.params import embedding, layer_norm, linear
@@ -78,7 +56,32 @@ class GPTEmbeddings(nnx.Module):
 
 class GPT(nnx.Module):
     """``(input_ids, attention_mask) -> logits (B, T, vocab)``; ``hidden_states`` stops before
-    the head. ``attention_mask`` is ``[batch, seq]`` (1 = real token) or None (no padding)."""
+    the head. ``attention_mask`` is ``[batch, seq]`` (1 = real token) or None (no padding).
+
+    Masks. The public ``attention_mask`` is ``[batch, seq]``, 1 for a real token; the causal mask is
+    built here and combined with it by logical AND, so no caller-supplied mask can open the future
+    to a query. Seed 004 passes a 4-D ``[B, 1, T, T]`` multiplicative mask instead; that form is
+    refused with a ``ValueError`` because a mask of ones there would, in a model that trusted it,
+    make the decoder bidirectional. Give the ``[batch, seq]`` padding mask (all ones = seed 004's
+    example).
+
+    Positions follow the real tokens: with a mask, ``position_ids = cumsum(mask) - 1`` at real
+    tokens and 0 at padding, so a left-padded prompt (how batches are fed for generation) gets at
+    its real positions exactly the logits of the same prompt unpadded. Without a mask,
+    ``arange(seq)``.
+
+    A padded query row (left padding puts them first) has every key masked: as masks.py documents,
+    its softmax is then uniform over all keys. Such rows are finite, equal in both frameworks, and
+    meaningless; nothing real attends to them.
+
+    Decoding with a KV cache (``jaxformer.generation``): ``init_cache`` preallocates a ``GPTCache``
+    (``nn/cache.py``: a ``LayerCache`` of ``(B, nh, L, hs)`` keys and values per block, the filled
+    slots' ``mask``, the ``index`` of slots filled, each row's next ``positions``), and
+    ``hidden_states`` / ``__call__`` given ``cache=`` run only the new tokens and return ``(output,
+    new cache)``. The new tokens' positions continue each row's count of real tokens, so a
+    left-padded prompt and its continuation get exactly the positions and the mask of a full forward
+    over the whole sequence.
+    """
 
     def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs):
         self.config = config
@@ -89,15 +92,15 @@ class GPT(nnx.Module):
                         linear(config.hidden_size, config.vocab_size, config,
                                names=("embed", "vocab"), rngs=rngs, use_bias=False))
 
-    def init_cache(self, batch_size: int, max_length: int) -> dict:
+    def init_cache(self, batch_size: int, max_length: int) -> GPTCache:
         """An empty cache of ``max_length`` slots for ``batch_size`` rows (see the module doc)."""
         shape = (batch_size, self.config.num_heads, max_length, self.config.head_dim)
         dtype = jnp.dtype(self.config.dtype)
-        return {"layers": self.blocks.map(lambda block: {"key": jnp.zeros(shape, dtype),
-                                                         "value": jnp.zeros(shape, dtype)}),
-                "mask": jnp.zeros((batch_size, max_length), bool),
-                "index": jnp.zeros((), jnp.int32),
-                "positions": jnp.zeros((batch_size,), jnp.int32)}
+        return GPTCache(layers=self.blocks.map(lambda block: LayerCache(
+                            key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype))),
+                        mask=jnp.zeros((batch_size, max_length), bool),
+                        index=jnp.zeros((), jnp.int32),
+                        positions=jnp.zeros((batch_size,), jnp.int32))
 
     def hidden_states(self, input_ids, attention_mask=None, cache=None):
         """``(B, T, C)`` after the last block and the final LayerNorm (when the config has one).
@@ -114,19 +117,19 @@ class GPT(nnx.Module):
         x = self.embeddings(input_ids, position_ids)
         return self._final_norm(self.blocks(x, mask))
 
-    def _cached_hidden_states(self, input_ids, attention_mask, cache):
-        (B, T), index = input_ids.shape, cache["index"]
-        checks.check_cache_call("input_ids", input_ids, *cache["mask"].shape, index)
+    def _cached_hidden_states(self, input_ids, attention_mask, cache: GPTCache):
+        (B, T), index = input_ids.shape, cache.index
+        validate.check_cache_call("input_ids", input_ids, *cache.mask.shape, index)
         new = (jnp.ones((B, T), bool) if attention_mask is None
                else jnp.asarray(attention_mask).astype(bool))
         counts = jnp.cumsum(new, axis=-1, dtype=jnp.int32)
-        position_ids = jnp.where(new, cache["positions"][:, None] + counts - 1, 0)  # (B, T)
-        valid = jax.lax.dynamic_update_slice(cache["mask"], new, (0, index))  # (B, L)
+        position_ids = jnp.where(new, cache.positions[:, None] + counts - 1, 0)  # (B, T)
+        valid = jax.lax.dynamic_update_slice(cache.mask, new, (0, index))  # (B, L)
         mask = cache_mask(valid, index, T)  # (B, 1, T, L)
         x = self.embeddings(input_ids, position_ids)
-        x, layers = self.blocks(x, mask, cache=cache["layers"], cache_index=index)
-        cache = {"layers": layers, "mask": valid, "index": index + T,
-                 "positions": cache["positions"] + counts[:, -1]}
+        x, layers = self.blocks(x, mask, cache=cache.layers, cache_index=index)
+        cache = GPTCache(layers=layers, mask=valid, index=index + T,
+                         positions=cache.positions + counts[:, -1])
         return self._final_norm(x), cache
 
     def _final_norm(self, x):

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer.nn.cache import LayerCache
 from jaxformer.nn.params import linear
 from jaxformer.numerics import MASK_VALUE
 
@@ -95,9 +96,9 @@ def cache_mask(valid, cache_index, q_len: int) -> jnp.ndarray:
 class MultiHeadAttention(nnx.Module):
     """Self-attention (``context=None``) or cross-attention over ``context``.
 
-    Decoding with a KV cache (``jaxformer.generation``): ``cache`` is plain data,
-    ``{"key": (B, nh, L, hs), "value": (B, nh, L, hs)}``, heads-first as in torch_ref,
-    preallocated to L slots; ``context`` is then None.
+    Decoding with a KV cache (``jaxformer.generation``): ``cache`` is a
+    :class:`~jaxformer.nn.cache.LayerCache`, keys and values heads-first ``(B, nh, L, hs)`` as
+    in torch_ref, preallocated to L slots; ``context`` is then None.
 
     - Self-attention, ``cache_index`` given (a scalar, traced or not): this call's keys and values
       are written at slots ``[cache_index, cache_index + T)`` and the queries attend over all L
@@ -120,12 +121,16 @@ class MultiHeadAttention(nnx.Module):
         self.attention_dropout = nnx.Dropout(config.attention_dropout_rate, rngs=rngs)
         self.implementation = config.attention_implementation
 
-    def key_value(self, context) -> dict:
-        """``(B, S, C)`` -> ``{"key", "value"}``, each heads-first ``(B, nh, S, hs)``."""
+    def key_value(self, context) -> LayerCache:
+        """``(B, S, C)`` -> a ``LayerCache`` of keys and values, each heads-first
+        ``(B, nh, S, hs)``."""
         B, S, _ = context.shape
-        return {name: projection(context).reshape(B, S, self.num_heads, self.head_dim)
-                .transpose(0, 2, 1, 3) for name, projection in (("key", self.key),
-                                                                ("value", self.value))}
+
+        def heads(projection):
+            return projection(context).reshape(B, S, self.num_heads,
+                                               self.head_dim).transpose(0, 2, 1, 3)
+
+        return LayerCache(key=heads(self.key), value=heads(self.value))
 
     def __call__(self, hidden_states, context=None, mask=None, cache=None, cache_index=None):
         B, T, C = hidden_states.shape
@@ -142,13 +147,17 @@ class MultiHeadAttention(nnx.Module):
                              "the context's keys and values from the cache")
         if cache_index is not None:  # self-attention: write this call's slots, read them all
             new = self.key_value(hidden_states)
-            cache = {name: jax.lax.dynamic_update_slice(
-                cache[name], new[name].astype(cache[name].dtype), (0, 0, cache_index, 0))
-                for name in ("key", "value")}
+
+            def write(slots, x):
+                return jax.lax.dynamic_update_slice(slots, x.astype(slots.dtype),
+                                                    (0, 0, cache_index, 0))
+
+            cache = LayerCache(key=write(cache.key, new.key),
+                               value=write(cache.value, new.value))
         # The cache is heads-first, the layout batched matmuls read directly
         # (jax.nn.dot_product_attention takes (B, L, nh, hs) keys and had XLA transpose the whole
         # cache at every step); flash attention brings nothing to a few queries, so the config's
         # implementation applies to uncached calls only.
-        y = einsum_attention(q, cache["key"], cache["value"], mask,
+        y = einsum_attention(q, cache.key, cache.value, mask,
                              _active(self.attention_dropout), heads_first_kv=True)
         return self.output(y.reshape(B, T, C)), cache

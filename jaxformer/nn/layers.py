@@ -7,8 +7,6 @@ Shapes: B batch, T query length, S key length, C hidden size, nh heads, hs head 
 
 from __future__ import annotations
 
-import functools
-
 import jax
 from flax import nnx
 
@@ -54,22 +52,21 @@ class TransformerBlock(nnx.Module):
         self.pre_norm = config.pre_norm
 
     def __call__(self, x, mask=None, cache=None, cache_index=None):
-        """``(B, T, C) -> (B, T, C)``; with a self-attention ``cache`` (see
+        """``(B, T, C) -> (B, T, C)``; with a self-attention ``cache`` (a ``LayerCache``, see
         ``MultiHeadAttention``) returns ``(output, new cache)``."""
-        attend = functools.partial(self.attention, mask=mask, cache=cache,
-                                   cache_index=cache_index)
+
+        def attend(h):
+            if cache is None:
+                return self.attention(h, mask=mask), None
+            return self.attention(h, mask=mask, cache=cache, cache_index=cache_index)
+
         if self.pre_norm:
-            h, cache = split_cache(attend(self.attention_norm(x)), cache)
+            h, new_cache = attend(self.attention_norm(x))
             x = x + self.dropout(h)
             x = x + self.dropout(self.feed_forward(self.ffn_norm(x)))
         else:
-            h, cache = split_cache(attend(x), cache)
+            h, new_cache = attend(x)
             x = self.attention_norm(x + self.dropout(h))
             x = self.ffn_norm(x + self.dropout(self.feed_forward(x)))
         x = constrain(x, ("batch", "seq", "hidden"))  # the residual stream: split by examples
-        return x if cache is None else (x, cache)
-
-
-def split_cache(result, cache):
-    """An attention call's result -> ``(output, cache)``: it returned a pair when given a cache."""
-    return result if cache is not None else (result, None)
+        return x if cache is None else (x, new_cache)

@@ -1,35 +1,8 @@
 """A stack of identical blocks, unrolled or scanned, with a rematerialisation policy.
 
-Every family keeps its blocks in a :class:`LayerStack` (GPT's ``blocks``, BERT's
-``encoder.layers``, the encoder-decoder's ``encoder.layers`` and ``decoder.layers``), so the
-models read the same in both modes: ``x = self.blocks(x, mask)``. Twin: ``torch_ref/nn/stack.py``.
-
-- Unrolled (``config.scan_layers=False``): block ``i`` is the attribute ``i``, exactly the paths
-  an ``nnx.List`` gives (``blocks.0.attention.query.kernel``), and the call loops in Python. XLA
-  then compiles every block on its own: compile time grows linearly with depth.
-- Scanned (``config.scan_layers=True``): one block, ``stacked``, whose every variable has a
-  leading axis of length ``num_layers`` (``blocks.stacked.attention.query.kernel`` is
-  ``(L, C, C)``). It is built with ``nnx.vmap`` over split RNG streams, so each layer draws its
-  own initial weights and its own dropout masks, and applied with one ``jax.lax.scan`` over the
-  layer axis: XLA compiles one block whatever the depth. The layer axis carries the logical axis
-  name ``"layers"`` (``nnx.PARTITION_NAME``), which the sharding rules never shard.
-  Weights convert to and from the per-layer torch and Hugging Face keys
-  (``jaxformer.checkpoints.convert``), so a state dict is the same in both modes.
-
-The scan splits the stacked block into its parameters (scanned in, never returned: returning
-them would make XLA write a copy of every weight) and the rest (dropout RNG keys and counts,
-scanned in and out and written back, so each call draws fresh masks, as in ``nn.jit``).
-
-A KV cache (generation) is per layer: a list of per-layer caches when unrolled, one pytree of
-arrays with a leading layer axis when scanned (scanned alongside the parameters). :meth:`map`
-builds either from a function of one block.
-
-Rematerialisation (``config.remat``): each block's forward runs under ``nnx.remat`` with the
-policy of :data:`REMAT_POLICIES`, so its activations are recomputed in the backward pass
-instead of kept: ``"full"`` keeps nothing but the block's input, ``"dots_saveable"`` keeps the
-matmul results, ``"dots_with_no_batch_dims_saveable"`` keeps the matmuls without batch
-dimensions (the projections, not attention's batched score and value products). Gradients are
-unchanged; peak memory and FLOPs are traded (``benchmarks/bench_remat.py``).
+Every family keeps its blocks in a :class:`LayerStack` (GPT's ``blocks``, BERT's and the
+encoder-decoder's ``layers``), so the models read the same in both modes, cached or not:
+``x = self.blocks(x, mask)``. Twin: ``torch_ref/nn/stack.py``.
 """
 
 from __future__ import annotations
@@ -64,9 +37,36 @@ class LayerStack(nnx.Module):
     """``num_layers`` blocks ``block(config, rngs=rngs)``, applied in order.
 
     ``stack(x, *args)`` runs ``x = block(x, *args)`` through every layer; ``args`` (masks,
-    memory) are shared by all layers. With ``cache`` (one per layer, see the module doc) and
+    memory) are shared by all layers. With ``cache`` (one per layer, see below) and
     ``cache_index`` it runs ``x, layer_cache = block(x, *args, layer_cache, cache_index)`` and
     returns ``(x, new cache)``.
+
+    - Unrolled (``config.scan_layers=False``): block ``i`` is the attribute ``i``, exactly the paths
+      an ``nnx.List`` gives (``blocks.0.attention.query.kernel``), and the call loops in Python. XLA
+      then compiles every block on its own: compile time grows linearly with depth.
+    - Scanned (``config.scan_layers=True``): one block, ``stacked``, whose every variable has a
+      leading axis of length ``num_layers`` (``blocks.stacked.attention.query.kernel`` is
+      ``(L, C, C)``). It is built with ``nnx.vmap`` over split RNG streams, so each layer draws its
+      own initial weights and its own dropout masks, and applied with one ``jax.lax.scan`` over the
+      layer axis: XLA compiles one block whatever the depth. The layer axis carries the logical axis
+      name ``"layers"`` (``nnx.PARTITION_NAME``), which the sharding rules never shard.
+      Weights convert to and from the per-layer torch and Hugging Face keys
+      (``jaxformer.checkpoints.convert``), so a state dict is the same in both modes.
+
+    The scan splits the stacked block into its parameters (scanned in, never returned: returning
+    them would make XLA write a copy of every weight) and the rest (dropout RNG keys and counts,
+    scanned in and out and written back, so each call draws fresh masks, as in ``nn.jit``).
+
+    A KV cache (``nn/cache.py``) is per layer: a tuple of per-layer caches when unrolled, one cache
+    whose arrays have a leading layer axis when scanned (scanned alongside the parameters).
+    :meth:`map` builds either from a function of one block.
+
+    Rematerialisation (``config.remat``): each block's forward runs under ``nnx.remat`` with the
+    policy of :data:`REMAT_POLICIES`, so its activations are recomputed in the backward pass
+    instead of kept: ``"full"`` keeps nothing but the block's input, ``"dots_saveable"`` keeps the
+    matmul results, ``"dots_with_no_batch_dims_saveable"`` keeps the matmuls without batch
+    dimensions (the projections, not attention's batched score and value products). Gradients are
+    unchanged; peak memory and FLOPs are traded (``benchmarks/bench_remat.py``).
     """
 
     # Digit attribute names become integer path keys, as in nnx.List: blocks.0, blocks.1, ...
@@ -106,10 +106,10 @@ class LayerStack(nnx.Module):
         return (self[i] for i in range(self.num_layers))
 
     def map(self, fn):
-        """``fn(block)`` for every layer: a list when unrolled, one pytree with a leading layer
+        """``fn(block)`` for every layer: a tuple when unrolled, one pytree with a leading layer
         axis when scanned (``fn``'s outputs stacked). How the models build a cache."""
         if not self.scan_layers:
-            return [fn(block) for block in self]
+            return tuple(fn(block) for block in self)
         graphdef, state = nnx.split(self.stacked)
         return jax.vmap(lambda layer: fn(nnx.merge(graphdef, _one_layer(layer))))(state)
 
@@ -132,7 +132,7 @@ class LayerStack(nnx.Module):
                     new_cache.append(layer_cache)
                 else:
                     x = self._run_block(block, x, *args)
-            return (x, new_cache) if cached else x
+            return (x, tuple(new_cache)) if cached else x
 
         graphdef, params, rest = nnx.split(self.stacked, nnx.Param, ...)
         draws = self._draws()

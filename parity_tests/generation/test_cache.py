@@ -1,15 +1,13 @@
-"""Cached decoding equals the full forward pass (DESIGN.md: 1e-5 at every step), in both twins.
-
-A prompt is run through the cache in one call (the prefill), then the continuation one token per
-call; the logits of every call are compared with those of one full forward over the prompt and
-its continuation at the same positions. The model is causal, so the full forward's logits at
-position t are those of a forward over the prefix ending at t. Batches are left-padded with a
-different number of real tokens per row (one row has a single real token); only real positions
-are compared. GPT: pre-LN (GPT-2) and post-LN (seed 004); encoder-decoder: post-LN with
-sinusoidal positions, pre-LN with learned positions, shared and tied embeddings.
+"""Cached decoding equals the full forward pass (DESIGN.md: 1e-5 at every step), in both twins:
+a left-padded batch (6, 3 and 1 real tokens) is prefilled in one call, then continued one token
+per call, and every call's logits are compared at the real positions with one full forward over
+the whole sequence (the model is causal). GPT pre-LN (GPT-2) and post-LN (seed 004's layout);
+encoder-decoder post-LN sinusoidal, and pre-LN learned with shared, tied embeddings.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
@@ -75,8 +73,8 @@ def _steps(call, ids, mask, cache):
     for t in range(P, ids.shape[1]):
         logits, cache = call(ids[:, t:t + 1], mask[:, t:t + 1], cache)
         yield logits
-    assert int(cache["index"]) == ids.shape[1]
-    np.testing.assert_array_equal(to_numpy(cache["positions"]), mask.sum(axis=1))
+    assert int(cache.index) == ids.shape[1]
+    np.testing.assert_array_equal(to_numpy(cache.positions), mask.sum(axis=1))
 
 
 def test_gpt_cache_rows_and_positions():
@@ -87,9 +85,9 @@ def test_gpt_cache_rows_and_positions():
     cache = jax_model.init_cache(2, 6)
     _, cache = jax_cached_gpt(jax_model, ids, mask, cache)
     _, cache = jax_cached_gpt(jax_model, ids[:, :1], np.ones((2, 1), np.int64), cache)
-    np.testing.assert_array_equal(np.asarray(cache["mask"]),
+    np.testing.assert_array_equal(np.asarray(cache.mask),
                                   [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 0]])
-    np.testing.assert_array_equal(np.asarray(cache["positions"]), [5, 3])
+    np.testing.assert_array_equal(np.asarray(cache.positions), [5, 3])
 
 
 @pytest.mark.usefixtures("scan_layers")
@@ -139,7 +137,7 @@ def test_cache_calls_refuse_what_does_not_fit():
     """Checked before anything is computed, in both twins."""
     ids = np.ones((2, 3), np.int64)
     for model, wrap in ((jax_model, jnp.asarray), (torch_model, torch.tensor)):
-        cache = dict(model.init_cache(2, 4), index=2)  # two slots used, two left
+        cache = dataclasses.replace(model.init_cache(2, 4), index=2)  # two slots used, two left
         with pytest.raises(ValueError, match="4 slots, 2 used: no room for 3 more tokens"):
             model(wrap(ids), None, cache=cache)
         with pytest.raises(ValueError, match="batch size 1 but the cache was made for 2"):

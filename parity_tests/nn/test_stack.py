@@ -1,11 +1,8 @@
-"""Layer stacks (``nn/stack.py``): scanned equals unrolled, remat changes no gradient.
-
-The model-level, conversion and generation tests run in both stack modes through the
-``scan_layers`` fixture; here are the properties of the stack itself: the unrolled mode is the
-old ``nnx.List`` exactly, a scanned model loaded with the same weights computes the same outputs
-(1e-6) and gradients (1e-5) as an unrolled one, every remat policy leaves the gradients
-unchanged (1e-6, with dropout active, so the recomputation must draw the very masks of the
-forward pass) in both frameworks, and conversion errors name the per-layer keys in scanned mode.
+"""Layer stacks (``nn/stack.py``): scanned equals unrolled, remat changes no gradient. The
+unrolled mode is the old ``nnx.List`` exactly; a scanned model with the same weights computes the
+same outputs (1e-6) and gradients (1e-5); every remat policy leaves the gradients unchanged (1e-6,
+dropout active) in both frameworks; conversion errors name per-layer keys. Model, conversion and
+generation tests run in both modes through the ``scan_layers`` fixture.
 """
 
 from __future__ import annotations
@@ -169,7 +166,7 @@ def test_scanned_cache_and_params_are_stacked():
     assert model.blocks.stacked.attention.query.kernel.get_value().shape == (L, C, C)
     assert model.blocks[1].attention.query.kernel.get_value().shape == (C, C)
     cache = model.init_cache(2, 9)
-    assert cache["layers"]["key"].shape == (L, 2, GPT_TINY.num_heads, 9, GPT_TINY.head_dim)
+    assert cache.layers.key.shape == (L, 2, GPT_TINY.num_heads, 9, GPT_TINY.head_dim)
 
 
 def test_stacked_params_carry_the_layers_axis_name():

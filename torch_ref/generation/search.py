@@ -1,12 +1,19 @@
 """Twin of ``jaxformer/generation/search.py``: the same greedy/sampling and beam search, step for
-step, as a Python loop (torch's idiom: each step dispatches eagerly)."""
+step, as a Python loop (torch's idiom: each step dispatches eagerly).
+
+``generate`` (``decoding.py``) calls them with a ``step_fn`` over the model's cache; beam search
+keeps its state in a ``BeamState`` and moves the cache rows with ``nn.cache.map_rows``.
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from jaxformer.generation import checks
 from torch_ref.generation import processors
+from torch_ref.nn.cache import GPTCache, Seq2SeqCache, map_rows
 
 NEG = -1.0e9
 
@@ -18,13 +25,21 @@ def _gather(x, indices):
     return torch.gather(x, 1, index)
 
 
-def _rows(cache, fn):
-    """Apply ``fn`` to every per-row tensor of a cache (the int ``index`` is left alone)."""
-    if isinstance(cache, dict):
-        return {name: _rows(value, fn) for name, value in cache.items()}
-    if isinstance(cache, list):
-        return [_rows(value, fn) for value in cache]
-    return fn(cache) if isinstance(cache, torch.Tensor) and cache.dim() else cache
+@dataclasses.dataclass
+class BeamState:
+    """Twin of jaxformer's: beam search's loop state, ``B`` rows of ``nb`` beams, and the running
+    beams' KV cache (``B * nb`` rows)."""
+
+    step: int
+    done: bool
+    running_sequences: torch.Tensor  # (B, nb, width)
+    running_scores: torch.Tensor  # (B, nb)
+    sequences: torch.Tensor  # (B, nb, width): finished hypotheses
+    scores: torch.Tensor  # (B, nb)
+    finished: torch.Tensor  # (B, nb) bool
+    lengths: torch.Tensor  # (B, nb)
+    unsatisfied: torch.Tensor  # (B, 1) bool
+    cache: GPTCache | Seq2SeqCache
 
 
 def greedy(step_fn, logits, cache, prompt, options: checks.Options, values, streamer=None):
@@ -66,24 +81,25 @@ def beam(step_fn, logits, cache, prompt, options: checks.Options, values):
     first_nb = (torch.arange(K, device=device) < nb)[None]
     batch_offset = (torch.arange(B, device=device) * nb)[:, None]
 
-    running_sequences = torch.full((B, nb, width), int(values["pad_token_id"]), dtype=torch.long,
-                                   device=device)
-    running_sequences[:, :, :P] = prompt[:, None, :]
-    sequences = running_sequences.clone()
+    start = torch.full((B, nb, width), int(values["pad_token_id"]), dtype=torch.long,
+                       device=device)
+    start[:, :, :P] = prompt[:, None, :]
     running_scores = torch.zeros(B, nb, device=device)
     running_scores[:, 1:] = NEG
-    scores = torch.full((B, nb), NEG, device=device)
-    finished = torch.zeros(B, nb, dtype=torch.bool, device=device)
-    lengths = torch.zeros(B, nb, dtype=torch.long, device=device)
-    unsatisfied = torch.ones(B, 1, dtype=torch.bool, device=device)
-    cache = _rows(cache, lambda x: x.repeat_interleave(nb, dim=0))
+    state = BeamState(
+        step=0, done=False, running_sequences=start, running_scores=running_scores,
+        sequences=start.clone(), scores=torch.full((B, nb), NEG, device=device),
+        finished=torch.zeros(B, nb, dtype=torch.bool, device=device),
+        lengths=torch.zeros(B, nb, dtype=torch.long, device=device),
+        unsatisfied=torch.ones(B, 1, dtype=torch.bool, device=device),
+        cache=map_rows(cache, lambda x, axis: x.repeat_interleave(nb, dim=axis)))
     logits = logits.repeat_interleave(nb, dim=0)
-    step = 0
     while True:
+        step = state.step
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         if options.do_sample:
             log_probs = processors.process(log_probs, options, values)
-        log_probs = log_probs.reshape(B, nb, V) + running_scores[:, :, None]
+        log_probs = log_probs.reshape(B, nb, V) + state.running_scores[:, :, None]
         flat = log_probs.reshape(B, nb * V)
         if options.do_sample:
             u = processors.uniforms(values["seed"], step, B, nb * V, device=device)
@@ -92,7 +108,7 @@ def beam(step_fn, logits, cache, prompt, options: checks.Options, values):
         else:
             top_log_probs, index = torch.topk(flat, K)
         source, tokens = index // V, index % V
-        top_sequences = _gather(running_sequences, source)  # a copy: safe to write
+        top_sequences = _gather(state.running_sequences, source)  # a copy: safe to write
         top_sequences[:, :, P + step] = tokens
         hits = torch.full(tokens.shape, P + step + 1 >= width, device=device)
         if eos is not None:
@@ -100,33 +116,37 @@ def beam(step_fn, logits, cache, prompt, options: checks.Options, values):
 
         running_log_probs = top_log_probs + hits.float() * NEG
         keep = torch.topk(running_log_probs, nb)[1]
-        running_sequences = _gather(top_sequences, keep)
-        running_scores = _gather(running_log_probs, keep)
+        state.running_sequences = _gather(top_sequences, keep)
+        state.running_scores = _gather(running_log_probs, keep)
         source = _gather(source, keep)
 
         just_finished = hits & first_nb
         new_scores = top_log_probs / values["length_penalty"][step + 1]
         if options.early_stopping is True:
-            new_scores = new_scores + finished.all(dim=-1, keepdim=True).float() * NEG
-        new_scores = new_scores + (~unsatisfied).float() * NEG
+            new_scores = new_scores + state.finished.all(dim=-1, keepdim=True).float() * NEG
+        new_scores = new_scores + (~state.unsatisfied).float() * NEG
         new_scores = new_scores + (~just_finished).float() * NEG
-        merged_scores = torch.cat([scores, new_scores], dim=1)
+        merged_scores = torch.cat([state.scores, new_scores], dim=1)
         best = torch.topk(merged_scores, nb)[1]
-        sequences = _gather(torch.cat([sequences, top_sequences], dim=1), best)
-        finished = _gather(torch.cat([finished, just_finished], dim=1), best)
-        lengths = _gather(torch.cat([lengths, torch.full((B, K), step + 1, device=device)],
-                                    dim=1), best)
-        scores = _gather(merged_scores, best)
+        state.sequences = _gather(torch.cat([state.sequences, top_sequences], dim=1), best)
+        state.finished = _gather(torch.cat([state.finished, just_finished], dim=1), best)
+        state.lengths = _gather(torch.cat([state.lengths, torch.full((B, K), step + 1,
+                                                                     device=device)], dim=1),
+                                best)
+        state.scores = _gather(merged_scores, best)
 
         rows = (batch_offset + source).reshape(-1)
-        cache = _rows(cache, lambda x: x.index_select(0, rows))
-        step += 1
-        best_running = running_scores[:, :1] / values["best_length_penalty"][step]
-        worst_finished = torch.where(finished, scores.min(dim=1, keepdim=True)[0],
+        state.cache = map_rows(state.cache, lambda x, axis, rows=rows: x.index_select(axis, rows))
+        state.step = step = step + 1
+        best_running = state.running_scores[:, :1] / values["best_length_penalty"][step]
+        worst_finished = torch.where(state.finished, state.scores.min(dim=1, keepdim=True)[0],
                                      torch.tensor(NEG, device=device))
-        unsatisfied = unsatisfied & (best_running > worst_finished).any(dim=-1, keepdim=True)
-        open_beam = not (bool(finished.all()) and options.early_stopping is True)
-        if not (bool(unsatisfied.any()) and open_beam and not bool(hits.all())) or step >= N:
+        state.unsatisfied = state.unsatisfied & (best_running > worst_finished).any(
+            dim=-1, keepdim=True)
+        open_beam = not (bool(state.finished.all()) and options.early_stopping is True)
+        state.done = not (bool(state.unsatisfied.any()) and open_beam and not bool(hits.all()))
+        if state.done or step >= N:
             break
-        logits, cache = step_fn(running_sequences[:, :, P + step - 1].reshape(B * nb), cache)
-    return sequences[:, 0, :P + int(lengths[:, 0].max())]
+        last = state.running_sequences[:, :, P + step - 1].reshape(B * nb)
+        logits, state.cache = step_fn(last, state.cache)
+    return state.sequences[:, 0, :P + int(state.lengths[:, 0].max())]

@@ -1,7 +1,8 @@
 """Twin of ``jaxformer/models/encoder_decoder.py``: the encoder-decoder Transformer in PyTorch.
 
-The KV cache is the same plain data as jaxformer's (heads-first ``(B, nh, L, hs)``), its
-self-attention tensors written in place; ``"index"`` is a Python int.
+The KV cache is a ``Seq2SeqCache`` (``torch_ref/nn/cache.py``), the same classes and shapes as
+jaxformer's (heads-first ``(B, nh, L, hs)``), its self-attention tensors written in place;
+``index`` is a Python int.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from torch import nn
 
 from jaxformer import validate
 from jaxformer.config import TransformerConfig
-from jaxformer.generation import checks
 from jaxformer.numerics import sinusoidal_positions
 from torch_ref.nn.attention import MultiHeadAttention, cache_mask
-from torch_ref.nn.layers import FeedForward, TransformerBlock, split_cache
+from torch_ref.nn.cache import DecoderLayerCache, LayerCache, Seq2SeqCache
+from torch_ref.nn.layers import FeedForward, TransformerBlock
 from torch_ref.nn.masks import causal_mask, combine_masks, padding_mask
 from torch_ref.nn.params import init_weights, layer_norm
 from torch_ref.nn.stack import LayerStack
@@ -71,28 +72,32 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, memory, self_mask=None, cross_mask=None, cache=None,
                 cache_index=None):
-        self_cache, cross_cache = (None, None) if cache is None else (cache["self"],
-                                                                      cache["cross"])
-
         def self_attend(h):
-            return split_cache(self.self_attention(h, mask=self_mask, cache=self_cache,
-                                                   cache_index=cache_index), self_cache)
+            if cache is None:
+                return self.self_attention(h, mask=self_mask), None
+            return self.self_attention(h, mask=self_mask, cache=cache.self_attention,
+                                       cache_index=cache_index)
 
         def cross_attend(h):
-            return split_cache(self.cross_attention(h, memory, cross_mask, cross_cache),
-                               cross_cache)[0]
+            if cache is None:
+                return self.cross_attention(h, memory, cross_mask), None
+            return self.cross_attention(h, None, cross_mask, cache.cross_attention)
 
         if self.pre_norm:
             h, self_cache = self_attend(self.self_attention_norm(x))
             x = x + self.dropout(h)
-            x = x + self.dropout(cross_attend(self.cross_attention_norm(x)))
+            h, cross_cache = cross_attend(self.cross_attention_norm(x))
+            x = x + self.dropout(h)
             x = x + self.dropout(self.feed_forward(self.ffn_norm(x)))
         else:
             h, self_cache = self_attend(x)
             x = self.self_attention_norm(x + self.dropout(h))
-            x = self.cross_attention_norm(x + self.dropout(cross_attend(x)))
+            h, cross_cache = cross_attend(x)
+            x = self.cross_attention_norm(x + self.dropout(h))
             x = self.ffn_norm(x + self.dropout(self.feed_forward(x)))
-        return x if cache is None else (x, {"self": self_cache, "cross": cross_cache})
+        if cache is None:
+            return x
+        return x, DecoderLayerCache(self_attention=self_cache, cross_attention=cross_cache)
 
 
 class Encoder(nn.Module):
@@ -146,17 +151,18 @@ class Transformer(nn.Module):
         x = self.src_embeddings(src_ids, self.shared_embeddings)
         return self.encoder(x, padding_mask(src_mask))  # mask (B, 1, 1, S)
 
-    def init_cache(self, memory, max_length: int, src_mask=None) -> dict:
+    def init_cache(self, memory, max_length: int, src_mask=None) -> Seq2SeqCache:
         B, S, _ = memory.shape
         shape = (B, self.config.num_heads, max_length, self.config.head_dim)
-        layers = self.decoder.layers.map(lambda layer: {
-            "self": {"key": memory.new_zeros(shape), "value": memory.new_zeros(shape)},
-            "cross": layer.cross_attention.key_value(memory)})
+        layers = self.decoder.layers.map(lambda layer: DecoderLayerCache(
+            self_attention=LayerCache(key=memory.new_zeros(shape), value=memory.new_zeros(shape)),
+            cross_attention=layer.cross_attention.key_value(memory)))
         source_mask = (torch.ones(B, S, dtype=torch.bool, device=memory.device)
                        if src_mask is None else torch.as_tensor(src_mask, device=memory.device) > 0)
-        return {"layers": layers,
-                "mask": torch.zeros(B, max_length, dtype=torch.bool, device=memory.device),
-                "index": 0, "source_mask": source_mask}
+        return Seq2SeqCache(layers=layers,
+                            mask=torch.zeros(B, max_length, dtype=torch.bool,
+                                             device=memory.device),
+                            index=0, source_mask=source_mask)
 
     def decode(self, tgt_ids, memory, src_mask=None, tgt_mask=None, cache=None):
         cfg = self.config
@@ -173,22 +179,21 @@ class Transformer(nn.Module):
         y = self.tgt_embeddings(tgt_ids, self.shared_embeddings)
         return self._logits(self.decoder(y, memory, self_mask, cross_mask))  # (B, T, V)
 
-    def _cached_decode(self, tgt_ids, memory, src_mask, tgt_mask, cache):
+    def _cached_decode(self, tgt_ids, memory, src_mask, tgt_mask, cache: Seq2SeqCache):
         if memory is not None or src_mask is not None:
             raise ValueError("decode with a cache reads the memory's keys and values and the "
                              "source mask from the cache: pass memory=None, src_mask=None")
-        T, index = tgt_ids.shape[1], cache["index"]
-        checks.check_cache_call("tgt_ids", tgt_ids, *cache["mask"].shape, index)
-        valid = cache["mask"].clone()
+        T, index = tgt_ids.shape[1], cache.index
+        validate.check_cache_call("tgt_ids", tgt_ids, *cache.mask.shape, index)
+        valid = cache.mask.clone()
         valid[:, index:index + T] = torch.as_tensor(tgt_mask, device=tgt_ids.device).bool()
         self_mask = cache_mask(valid, index, T)  # (B, 1, T, L)
-        cross_mask = padding_mask(cache["source_mask"])  # (B, 1, 1, S)
+        cross_mask = padding_mask(cache.source_mask)  # (B, 1, 1, S)
         positions = index + torch.arange(T, device=tgt_ids.device)
         y = self.tgt_embeddings(tgt_ids, self.shared_embeddings, positions)
-        hidden_states, layers = self.decoder(y, None, self_mask, cross_mask, cache["layers"],
-                                             index)
-        cache = {"layers": layers, "mask": valid, "index": index + T,
-                 "source_mask": cache["source_mask"]}
+        hidden_states, layers = self.decoder(y, None, self_mask, cross_mask, cache.layers, index)
+        cache = Seq2SeqCache(layers=layers, mask=valid, index=index + T,
+                             source_mask=cache.source_mask)
         return self._logits(hidden_states), cache
 
     def _logits(self, hidden_states):

@@ -1,9 +1,9 @@
 """Twin of ``jaxformer/models/gpt.py``: GPT in PyTorch, same classes, attributes and arguments.
 
-See ``jaxformer/models/gpt.py`` for the masks (``[batch, seq]`` only; the causal mask is built
-inside, a 4-D mask is refused), the position ids (``cumsum(mask) - 1`` at real tokens, 0 at
-padding) and the KV cache. Its ``"key"``/``"value"`` are heads-first ``(B, nh, L, hs)`` as in
-jaxformer, written in place here; ``"index"`` is a Python int.
+See jaxformer's ``GPT`` for the masks (``[batch, seq]`` only; the causal mask is built inside, a
+4-D mask is refused), the position ids (``cumsum(mask) - 1`` at real tokens, 0 at padding) and
+the KV cache, a ``GPTCache`` (``torch_ref/nn/cache.py``): keys and values are heads-first
+``(B, nh, L, hs)`` as in jaxformer, written in place here; ``index`` is a Python int.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from torch import nn
 
 from jaxformer import validate
 from jaxformer.config import GPTConfig
-from jaxformer.generation import checks
 from torch_ref.nn.attention import cache_mask
+from torch_ref.nn.cache import GPTCache, LayerCache
 from torch_ref.nn.layers import TransformerBlock
 from torch_ref.nn.masks import causal_mask, combine_masks, padding_mask
 from torch_ref.nn.params import init_weights, layer_norm
@@ -63,16 +63,17 @@ class GPT(nn.Module):
                         nn.Linear(config.hidden_size, config.vocab_size, bias=False))
         self.apply(partial(init_weights, std=config.initializer_range))
 
-    def init_cache(self, batch_size: int, max_length: int) -> dict:
+    def init_cache(self, batch_size: int, max_length: int) -> GPTCache:
         weight = self.embeddings.word_embeddings.weight
         shape = (batch_size, self.config.num_heads, max_length, self.config.head_dim)
         zeros = partial(torch.zeros, dtype=weight.dtype, device=weight.device)
-        return {"layers": self.blocks.map(lambda block: {"key": zeros(shape),
-                                                         "value": zeros(shape)}),
-                "mask": torch.zeros(batch_size, max_length, dtype=torch.bool,
-                                    device=weight.device),
-                "index": 0,
-                "positions": torch.zeros(batch_size, dtype=torch.long, device=weight.device)}
+        return GPTCache(layers=self.blocks.map(lambda block: LayerCache(key=zeros(shape),
+                                                                        value=zeros(shape))),
+                        mask=torch.zeros(batch_size, max_length, dtype=torch.bool,
+                                         device=weight.device),
+                        index=0,
+                        positions=torch.zeros(batch_size, dtype=torch.long,
+                                              device=weight.device))
 
     def hidden_states(self, input_ids, attention_mask=None, cache=None):
         validate.check_gpt_inputs(self.config, input_ids, attention_mask)
@@ -88,22 +89,22 @@ class GPT(nn.Module):
         x = self.embeddings(input_ids, position_ids)
         return self._final_norm(self.blocks(x, mask))
 
-    def _cached_hidden_states(self, input_ids, attention_mask, cache):
-        (B, T), index = input_ids.shape, cache["index"]
-        checks.check_cache_call("input_ids", input_ids, *cache["mask"].shape, index)
+    def _cached_hidden_states(self, input_ids, attention_mask, cache: GPTCache):
+        (B, T), index = input_ids.shape, cache.index
+        validate.check_cache_call("input_ids", input_ids, *cache.mask.shape, index)
         new = (torch.ones(B, T, dtype=torch.bool, device=input_ids.device)
                if attention_mask is None
                else torch.as_tensor(attention_mask, device=input_ids.device).bool())
         counts = torch.cumsum(new.long(), dim=-1)
-        position_ids = torch.where(new, cache["positions"][:, None] + counts - 1,
+        position_ids = torch.where(new, cache.positions[:, None] + counts - 1,
                                    torch.zeros_like(counts))  # (B, T)
-        valid = cache["mask"].clone()
+        valid = cache.mask.clone()
         valid[:, index:index + T] = new  # (B, L)
         mask = cache_mask(valid, index, T)  # (B, 1, T, L)
         x = self.embeddings(input_ids, position_ids)
-        x, layers = self.blocks(x, mask, cache=cache["layers"], cache_index=index)
-        cache = {"layers": layers, "mask": valid, "index": index + T,
-                 "positions": cache["positions"] + counts[:, -1]}
+        x, layers = self.blocks(x, mask, cache=cache.layers, cache_index=index)
+        cache = GPTCache(layers=layers, mask=valid, index=index + T,
+                         positions=cache.positions + counts[:, -1])
         return self._final_norm(x), cache
 
     def _final_norm(self, x):

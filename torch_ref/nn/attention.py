@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from jaxformer.numerics import MASK_VALUE
+from torch_ref.nn.cache import LayerCache
 
 
 def fused_attention(q, k, v, mask, dropout, *, implementation: str):
@@ -70,9 +71,9 @@ def cache_mask(valid, cache_index, q_len: int) -> torch.Tensor:
 
 
 class MultiHeadAttention(nn.Module):
-    """Twin of jaxformer's, cache included: ``{"key": (B, nh, L, hs), "value": (B, nh, L, hs)}``,
-    which a self-attention call writes its slots into in place (torch's idiom; jaxformer returns
-    new arrays) before returning them."""
+    """Twin of jaxformer's, cache included: a ``LayerCache`` of ``(B, nh, L, hs)`` keys and
+    values, which a self-attention call writes its slots into in place (torch's idiom; jaxformer
+    returns new arrays) before returning it."""
 
     def __init__(self, config):
         super().__init__()
@@ -86,12 +87,14 @@ class MultiHeadAttention(nn.Module):
         self.attention_dropout = nn.Dropout(config.attention_dropout_rate)
         self.implementation = config.attention_implementation
 
-    def key_value(self, context) -> dict:
-        """``(B, S, C)`` -> ``{"key", "value"}``, each ``(B, nh, S, hs)``."""
+    def key_value(self, context) -> LayerCache:
+        """``(B, S, C)`` -> a ``LayerCache`` of keys and values, each ``(B, nh, S, hs)``."""
         B, S, _ = context.shape
-        return {"key": self.key(context).view(B, S, self.num_heads, self.head_dim).transpose(1, 2),
-                "value": self.value(context).view(B, S, self.num_heads,
-                                                  self.head_dim).transpose(1, 2)}
+
+        def heads(projection):
+            return projection(context).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
+
+        return LayerCache(key=heads(self.key), value=heads(self.value))
 
     def forward(self, hidden_states, context=None, mask=None, cache=None, cache_index=None):
         B, T, C = hidden_states.shape
@@ -104,10 +107,10 @@ class MultiHeadAttention(nn.Module):
                                  "reads the context's keys and values from the cache")
             if cache_index is not None:  # self-attention: write this call's slots, read them all
                 new = self.key_value(hidden_states)
-                for name in ("key", "value"):
-                    cache[name][:, :, cache_index:cache_index + T] = new[name]
+                cache.key[:, :, cache_index:cache_index + T] = new.key
+                cache.value[:, :, cache_index:cache_index + T] = new.value
             kv = cache
-        y = attention(q, kv["key"], kv["value"], mask, self.attention_dropout,
+        y = attention(q, kv.key, kv.value, mask, self.attention_dropout,
                       self.implementation)  # (B, nh, T, hs)
         out = self.output(y.transpose(1, 2).reshape(B, T, C))
         return out if cache is None else (out, kv)

@@ -1,8 +1,10 @@
-"""Twin of ``jaxformer/nn/layers.py``: parameter factories, feed-forward, the Transformer block."""
+"""Twin of ``jaxformer/nn/layers.py``: the feed-forward and the Transformer block in PyTorch.
+
+Every model family builds its blocks from these; with a self-attention cache (a ``LayerCache``,
+``torch_ref/nn/cache.py``) a block returns ``(output, new cache)``, as jaxformer's does.
+"""
 
 from __future__ import annotations
-
-import functools
 
 import torch.nn.functional as F
 from torch import nn
@@ -39,19 +41,17 @@ class TransformerBlock(nn.Module):
         self.pre_norm = config.pre_norm
 
     def forward(self, x, mask=None, cache=None, cache_index=None):
-        attend = functools.partial(self.attention, mask=mask, cache=cache,
-                                   cache_index=cache_index)
+        def attend(h):
+            if cache is None:
+                return self.attention(h, mask=mask), None
+            return self.attention(h, mask=mask, cache=cache, cache_index=cache_index)
+
         if self.pre_norm:
-            h, cache = split_cache(attend(self.attention_norm(x)), cache)
+            h, new_cache = attend(self.attention_norm(x))
             x = x + self.dropout(h)
             x = x + self.dropout(self.feed_forward(self.ffn_norm(x)))
         else:
-            h, cache = split_cache(attend(x), cache)
+            h, new_cache = attend(x)
             x = self.attention_norm(x + self.dropout(h))
             x = self.ffn_norm(x + self.dropout(self.feed_forward(x)))
-        return x if cache is None else (x, cache)
-
-
-def split_cache(result, cache):
-    """An attention call's result -> ``(output, cache)``: it returned a pair when given a cache."""
-    return result if cache is not None else (result, None)
+        return x if cache is None else (x, new_cache)

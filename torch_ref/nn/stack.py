@@ -2,12 +2,7 @@
 
 torch has no scan: the blocks are always submodules ``0 .. num_layers-1`` (the state dict keys
 ``blocks.0.attention.query.weight`` ...), whatever ``config.scan_layers`` says, and a cache is
-always a list of per-layer caches. jaxformer's scanned stacks convert to and from these keys.
-
-Rematerialisation: in training mode with ``config.remat != "none"`` each block runs under
-``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``, which keeps only the block's
-input and recomputes the rest in the backward pass, whichever JAX policy is named (torch's
-checkpoint has no counterpart of "save the matmuls"): the gradients are the same in every case.
+always a tuple of per-layer caches (``torch_ref/nn/cache.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +12,15 @@ from torch.utils.checkpoint import checkpoint
 
 
 class LayerStack(nn.Module):
+    """``num_layers`` blocks applied in order; jaxformer's scanned stacks convert to and from
+    their per-layer keys.
+
+    Rematerialisation: in training mode with ``config.remat != "none"`` each block runs under
+    ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``, which keeps only the block's
+    input and recomputes the rest in the backward pass, whichever JAX policy is named (torch's
+    checkpoint has no counterpart of "save the matmuls"): the gradients are the same in every case.
+    """
+
     def __init__(self, config, block, num_layers: int):
         super().__init__()
         self.num_layers = num_layers
@@ -36,7 +40,7 @@ class LayerStack(nn.Module):
         return (self[i] for i in range(self.num_layers))
 
     def map(self, fn):
-        return [fn(block) for block in self]
+        return tuple(fn(block) for block in self)
 
     def _run_block(self, block, *args):
         if self.remat == "none" or not self.training:
@@ -52,4 +56,4 @@ class LayerStack(nn.Module):
                 new_cache.append(layer_cache)
             else:
                 x = self._run_block(block, x, *args)
-        return (x, new_cache) if cached else x
+        return (x, tuple(new_cache)) if cached else x
