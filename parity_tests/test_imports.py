@@ -35,16 +35,6 @@ ALLOWED = {
         "pytorch_model.bin is a torch pickle that only torch.load reads; only for such a file "
         "(safetensors needs no torch)",
 }
-# Findings that colleagues are removing on their branches (training/loop.py and
-# generation/cli.py take their twins through jaxformer.frameworks there). Expected here until
-# those branches are merged; the integrator empties this set then, and a stale entry fails.
-PENDING = {
-    ("jaxformer.generation.cli", "torch_ref.generation"),
-}
-# Cycles, by their modules, in code that this branch does not edit (training/ is a colleague's):
-# data.special_ids imports vocab inside a function while vocab imports data at module level.
-# Expected until it is broken there; then the integrator empties this set (a stale entry fails).
-PENDING_CYCLES: set[frozenset[str]] = set()
 PARITY_JOB = "jaxformer.parity"  # compares against torch by nature: may import torch itself
 TORCH = ("torch", "torch_ref")
 
@@ -191,11 +181,8 @@ def test_no_import_cycle():
     edges, _ = build_graph()
     modules = find_modules(ROOT)
     cycles = find_cycles(edges)
-    new = [c for c in cycles if frozenset(c) not in PENDING_CYCLES]
-    assert not new, "import cycles (break each arrow that goes the wrong way):\n" + "\n".join(
-        describe(c, edges, modules) for c in new)
-    stale = PENDING_CYCLES - {frozenset(c) for c in cycles}
-    assert not stale, f"in PENDING_CYCLES but gone (remove them): {sorted(map(sorted, stale))}"
+    assert not cycles, "import cycles (break each arrow that goes the wrong way):\n" + "\n".join(
+        describe(c, edges, modules) for c in cycles)
 
 
 def test_graph_sees_every_form():
@@ -249,12 +236,12 @@ def test_jaxformer_imports_no_torch_ref_nor_torch():
     modules = find_modules(ROOT)
     wrong = [f"{modules[m].relative_to(ROOT)}:{line} imports {target}"
              for (m, target), line in sorted(findings.items())
-             if (m, target) not in ALLOWED and (m, target) not in PENDING]
+             if (m, target) not in ALLOWED]
     assert not wrong, ("jaxformer must not import torch_ref or torch: take a twin through "
                        "jaxformer.frameworks.module('torch', ...), or list the exception in "
                        "ALLOWED with its reason:\n  " + "\n  ".join(wrong))
-    stale = sorted((set(ALLOWED) | PENDING) - set(findings))
-    assert not stale, f"listed but no longer imported (remove from ALLOWED or PENDING): {stale}"
+    stale = sorted(set(ALLOWED) - set(findings))
+    assert not stale, f"listed but no longer imported (remove from ALLOWED): {stale}"
 
 
 def test_torch_scan_sees_the_parity_job_and_the_registry():

@@ -103,6 +103,10 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
         (JAX, "einsum_attention(heads_first_kv)"):
             "JAX attends (B, T, nh, hs) keys, the cache holds (B, nh, L, hs); torch is heads-first",
     },
+    "training/optim.py": {
+        (JAX, "function scale_by_adam"):
+            "optax's Adam with exact bias corrections; torch.optim.AdamW computes them in float64",
+    },
     "nn/masks.py": {
         (TORCH, "causal_mask(device)"):
             "torch builds a tensor on a device given by the caller; JAX places arrays itself",

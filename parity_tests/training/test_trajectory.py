@@ -6,8 +6,9 @@ Warm-up, decay (a different schedule per family), the weight-decay mask and clip
 active; the BERT run accumulates gradients over two micro-batches. Bounds (DESIGN.md): per-step
 losses equal to 1e-5 relative for the first 10 steps and 1e-4 over 100; parameters equal to 1e-4
 relative in global L2 after 100 steps, over every parameter whose exact gradient is not zero
-(``support.bounds.zero_gradient``). The measured curves are printed (``pytest -s``); the margins
-on several CPUs are in docs/testing.md.
+(``support.bounds.zero_gradient``); and float32 jaxformer no farther from the float64 run than
+``FROM_EXACT`` times float32 torch_ref is. The measured curves are printed (``pytest -s``); the
+margins on several CPUs are in docs/testing.md.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ CASES = {  # family -> TrainConfig changes
 # family with exact GELU, whose derivative is continuous. ReLU's forward and gradients are proven
 # equal by the model tests, where no step compounds a kink.
 MODEL_CHANGES = {"transformer": dict(activation="gelu")}
+FROM_EXACT = 4  # jaxformer may be this many times farther from float64 than torch_ref is
 
 
 def state(model) -> dict[str, np.ndarray]:
@@ -86,14 +88,16 @@ def test_trajectory_matches_torch(family):
     rel = np.abs(loss_j - loss_t) / np.abs(loss_t)
     ours, theirs, exact_params = state(jax_step.sync()), state(torch_step.model), state(exact.model)
     params = global_rel_l2(ours, theirs)
+    from_exact = {"jaxformer": ((np.abs(loss_j - loss_e) / loss_e).max(),
+                                global_rel_l2(ours, exact_params)),
+                  "torch_ref": ((np.abs(loss_t - loss_e) / loss_e).max(),
+                                global_rel_l2(theirs, exact_params))}
     curve = " ".join(f"{rel[i:i + 10].max():.1e}" for i in range(0, STEPS, 10))
     print(f"\n{family}: loss {loss_t[0]:.3f} -> {loss_t[-1]:.3f}; max rel loss diff per 10 steps: "
-          f"{curve}; params rel L2 after {STEPS}: {params:.1e}; from float64: jaxformer "
-          f"{global_rel_l2(ours, exact_params):.1e}, torch_ref "
-          f"{global_rel_l2(theirs, exact_params):.1e} (losses "
-          f"{(np.abs(loss_j - loss_e) / loss_e).max():.1e}, "
-          f"{(np.abs(loss_t - loss_e) / loss_e).max():.1e}); zero-gradient parameters' "
-          f"|grad| / norm: float64 {zero_grad_64:.1e}, float32 {zero_grad_32:.1e}")
+          f"{curve}; params rel L2 after {STEPS}: {params:.1e}; from float64 (losses, params): "
+          + ", ".join(f"{who} {a:.1e} {b:.1e}" for who, (a, b) in from_exact.items())
+          + f"; zero-gradient parameters' |grad| / norm: float64 {zero_grad_64:.1e}, float32 "
+          f"{zero_grad_32:.1e}")
     # Everything the test claims to exercise is exercised:
     lr = np.array([t["learning_rate"] for _, t, _ in rows])
     assert lr.argmax() == config.warmup_steps - 1
@@ -113,6 +117,12 @@ def test_trajectory_matches_torch(family):
     check(rel[:10].max(), 1e-5, f"loss, first 10 steps (worst step {rel[:10].argmax() + 1})")
     check(rel.max(), 1e-4, f"loss, {STEPS} steps (worst step {rel.argmax() + 1})")
     check(params, 1e-4, f"parameters after {STEPS} steps, relative L2")
+    # Against the exact trajectory: float32 jaxformer is as close to it as float32 torch_ref is.
+    # Measured jaxformer / torch_ref: losses 0.9-1.7, parameters 0.7-1.1 (AVX2, 1 and 2 cores);
+    # optax's float32 bias correction, before optim.scale_by_adam, gave 13-50 on the classifier.
+    for n, what in enumerate(("loss, worst step", "parameters, relative L2")):
+        check(from_exact["jaxformer"][n], FROM_EXACT * from_exact["torch_ref"][n],
+              f"{what}: jaxformer's distance from float64 over {FROM_EXACT} x torch_ref's")
 
 
 def test_accumulation_equals_one_big_batch():
