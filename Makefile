@@ -12,7 +12,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LOCK   := .ci/constraints.txt
 
-.PHONY: parity parity-base test lint bench lock clean
+.PHONY: parity parity-base test lint margins bench lock clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,14 @@ parity-base: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Every tolerance-bearing test on emulated CPUs (XLA and torch capped to AVX2, 2 cores and all),
+# listing each bound whose margin is under 2x (docs/testing.md). ISAS='default AVX' CPUS='1 all'
+# to choose others.
+ISAS ?= default AVX2
+CPUS ?= 2 all
+margins: $(STAMP)
+	$(PY) -m parity_tests.tools.margins --isa $(ISAS) --cpus $(CPUS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
