@@ -146,6 +146,11 @@ def test_accumulation_equals_one_big_batch():
         a, b = step_whole(one), step_split(micro)
         assert abs(a["loss"] - b["loss"]) <= 1e-6 * a["loss"]
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"]
+    # Micro-batching changes the order of the sums, so the zero-gradient parameters get other
+    # rounding noise, which Adam scales up: compared are the others (support.bounds).
     for key, value in step_whole.model.state_dict().items():
+        if zero_gradient(key):
+            continue
         other = step_split.model.state_dict()[key]
-        assert (value - other).abs().max() <= 1e-6 * max(1.0, value.abs().max()), key
+        check(float((value - other).abs().max()), 1e-6 * max(1.0, float(value.abs().max())),
+              f"{key} after 4 updates, one batch vs two micro-batches")
