@@ -68,7 +68,8 @@ def cores(spec: str) -> list[int]:
 
 def run(isa: str, cpus: list[int], tests: list[str], workdir: Path) -> tuple[int, list[dict]]:
     """Runs ``tests`` under one configuration; (pytest's exit code, the recorded margins)."""
-    record = workdir / f"{isa.replace('=', '-')}-{len(cpus)}.jsonl"
+    record = workdir / f"isa-{isa.replace('=', '-')}-{len(cpus)}-cores.jsonl"
+    record.unlink(missing_ok=True)
     env = {**os.environ, **isa_env(isa), "JAXFORMER_MARGINS": str(record),
            # The pass hook needs freshly rewritten test modules, not the ones cached without it.
            "PYTHONPYCACHEPREFIX": str(workdir / "pycache")}
@@ -103,15 +104,27 @@ def main(argv=None) -> int:
     parser.add_argument("--cpus", nargs="+", default=["2", "all"])
     parser.add_argument("--out", type=Path, help="write every margin below --below as JSON")
     parser.add_argument("--below", type=float, default=WARN_BELOW)
+    parser.add_argument("--records", type=Path,
+                        help="keep each configuration's records in this directory (default: a "
+                             "temporary one); with --report-only, summarise the ones there")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: summarise the records already in --records")
     parser.add_argument("tests", nargs="*", default=TESTS)
     args = parser.parse_args(argv)
+    if args.report_only and not args.records:
+        parser.error("--report-only needs --records DIR")
     configs = [(isa, cores(c)) for isa in args.isa for c in dict.fromkeys(args.cpus)]
     configs = list({(isa, tuple(c)): (isa, c) for isa, c in configs}.values())  # 2 == all here
     results, codes = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for isa, cpus in configs:
+        workdir = args.records or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        if args.report_only:
+            for path in sorted(workdir.glob("*.jsonl")):
+                results[path.stem] = [json.loads(line) for line in path.read_text().splitlines()]
+        for isa, cpus in [] if args.report_only else configs:
             name = f"isa {isa}, {len(cpus)} core(s)"
-            codes[name], results[name] = run(isa, cpus, args.tests, Path(tmp))
+            codes[name], results[name] = run(isa, cpus, args.tests, workdir)
     low = [r for r in smallest(results) if r["margin"] < args.below]
     print(f"\n{sum(map(len, results.values()))} bounds checked over {len(results)} "
           f"configurations; {len(low)} with a margin below {args.below:g}:")
@@ -123,7 +136,7 @@ def main(argv=None) -> int:
     if args.out:
         args.out.write_text(json.dumps({"configurations": codes, "below": args.below,
                                         "margins": low}, indent=1) + "\n")
-    return max(codes.values(), default=0)
+    return max(codes.values(), default=0)  # pytest's exit codes: 0 passed, 1 failed, ...
 
 
 if __name__ == "__main__":
