@@ -58,11 +58,11 @@ def check_apart(flag: str, path, keep: Mapping[str, object]) -> None:
                                      f"another path")
 
 
-def check_writable(flag: str, path) -> None:
-    """The nearest existing directory at or above ``path`` is a writable directory, so that
-    ``path`` (and the temporary siblings the atomic writes use) can be created."""
-    path = Path(path).expanduser()
-    probe = path.absolute()
+def check_writable(flag: str, path, start=None) -> None:
+    """The nearest existing directory at or above ``start`` (default ``path``) is a writable
+    directory, so that ``path`` (and the temporary siblings the atomic writes use) can be
+    created there. Errors name ``path``."""
+    probe = Path(path if start is None else start).expanduser().absolute()
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir():
@@ -94,7 +94,7 @@ def check_directory(flag: str, path, what: str, *, overwrite: bool,
                                      f"did not write: choose a new or empty directory")
         if not overwrite:
             raise refuse(flag, path, f"holds {what} already; pass --overwrite to replace it")
-    check_writable(flag, target.parent if replaced and target.is_dir() else target)
+    check_writable(flag, path, target.parent if replaced and target.is_dir() else target)
 
 
 def check_new_file(flag: str, path, *, ours: Callable[[Path], bool] | None = None,
@@ -108,7 +108,9 @@ def check_new_file(flag: str, path, *, ours: Callable[[Path], bool] | None = Non
     if target.exists() and (ours is None or not ours(target)):
         raise refuse(flag, path, "exists and jaxformer did not write it here; jaxformer never "
                                  "overwrites a file it did not write: choose another path")
-    check_writable(flag, target)
+    if target.exists() and not os.access(target, os.W_OK):
+        raise refuse(flag, path, "cannot be written: the file is read-only")
+    check_writable(flag, path, target.parent)
 
 
 def marker_text(kind: str, files: list[str]) -> str:

@@ -298,8 +298,10 @@ def check_outputs(run_dir: Path, options: RunOptions) -> None:
     metrics_path, plot_path = output_paths(run_dir, options)
     run_files = {f"the run's {name} ({run_flag} {run_dir})": run_dir / name
                  for name in ("run.json", "tokenizer.json", "checkpoints")}
-    data_files = {f"the data file (--data {options.data})": options.data,
-                  f"the validation file (--val-data {options.val_data})": options.val_data}
+    data_files = {what: path for what, path in (
+        (f"the data file (--data {options.data})", options.data),
+        (f"the validation file (--val-data {options.val_data})", options.val_data))
+        if path and Path(path).is_file()}  # a directory or nothing: data.read_text says so
     for flag, path, other, ours in (
             ("--metrics", metrics_path, {f"the plot (--plot {plot_path})": plot_path},
              _is_metrics),
