@@ -150,7 +150,7 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("argv, setup, flag, path, why",
+@pytest.mark.parametrize(("argv", "setup", "flag", "path", "why"),
                          [pytest.param(*row[1:], id=row[0]) for row in REFUSALS])
 def test_refused_before_anything_is_written(root, capsys, monkeypatch, argv, setup, flag, path,
                                             why):
