@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -98,6 +99,24 @@ def greedy_text(framework: str, config, run_dir: Path, prompt: str, length: int)
     return tokenizer.decode(ids.tolist())
 
 
+def shown(text: str, max_blank: int = 2) -> str:
+    """``text`` for the terminal: a run of more than ``max_blank`` blank lines becomes one line
+    that counts them. A barely trained character model (``--steps 20``) predicts the most common
+    character, a newline, 300 times: printed as is, that was 300 blank lines per framework. The
+    JSON report keeps the sample whole."""
+    return re.sub(r"\n{" + str(max_blank + 2) + ",}",
+                  lambda m: f"\n[{len(m.group(0)) - 1} blank lines]\n", text)
+
+
+def summary(framework: str, run: dict, prompt: str) -> str:
+    """What is printed after a framework's run: the final validation loss, the wall time and
+    load, then the prompt and its greedy continuation (:func:`shown`)."""
+    return (f"== {framework}: final val loss {run['final_val_loss']:.4f}, wall "
+            f"{run['wall_s']:.1f} s, load {run['loadavg_before']} -> {run['loadavg_after']}, "
+            f"other processes {run['foreign_cores']:.2f} cores\n"
+            + shown(prompt + run["sample"]))
+
+
 def plot(report: dict, path: Path) -> None:
     import matplotlib
 
@@ -166,10 +185,7 @@ def main(argv=None) -> int:
             run["sample"] = greedy_text(framework, config, Path(run["run_dir"]), args.prompt,
                                         args.sample_chars)
             report["runs"][framework] = run
-            print(f"== {framework}: final val loss {run['final_val_loss']:.4f}, wall "
-                  f"{run['wall_s']:.1f} s, load {run['loadavg_before']} -> "
-                  f"{run['loadavg_after']}, other processes {run['foreign_cores']:.2f} cores\n"
-                  f"{args.prompt}{run['sample']}", flush=True)
+            print(summary(framework, run, args.prompt), flush=True)
     if len(report["runs"]) == 2:
         jax_run, torch_run = report["runs"]["jax"], report["runs"]["torch"]
         report["comparison"] = {

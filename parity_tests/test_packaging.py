@@ -48,7 +48,8 @@ NEEDS_TORCH = ("jaxformer.parity",)
 
 def _package_root(name: str) -> Path:
     spec = importlib.util.find_spec(name)
-    assert spec is not None and spec.origin is not None, f"cannot find the {name} package"
+    assert spec is not None, f"cannot find the {name} package"
+    assert spec.origin is not None, f"cannot find the {name} package"
     return Path(spec.origin).parent
 
 
@@ -343,6 +344,34 @@ def test_parity_without_torch_says_what_to_install():
     result = _run(code)
     output = result.stdout + result.stderr
     assert result.returncode != 0, f"`jaxformer parity` without torch exited 0:\n{output}"
-    assert "jaxformer[torch]" in output and "Traceback" not in output, (
-        "`jaxformer parity` without torch should exit with a one-line message naming the extra "
-        f"(pip install 'jaxformer[torch]'), not a traceback; it printed:\n{output[-3000:]}")
+    message = ("`jaxformer parity` without torch should exit with a one-line message naming the "
+               f"extra (pip install 'jaxformer[torch]'), not a traceback; it printed:\n"
+               f"{output[-3000:]}")
+    assert "jaxformer[torch]" in output, message
+    assert "Traceback" not in output, message
+
+
+REPO = Path(__file__).resolve().parents[1]  # the checkout: pyproject.toml, .gitignore
+
+
+def test_the_licence_is_an_spdx_expression():
+    """``license = "Apache-2.0"`` (PEP 639): the table form ``{ text = ... }`` makes setuptools
+    >= 77 print a deprecation banner at every install; the string form needs setuptools >= 77."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0"
+    assert not any("License ::" in c for c in project["project"].get("classifiers", []))
+    (setuptools,) = [r for r in project["build-system"]["requires"] if r.startswith("setuptools")]
+    assert setuptools.startswith("setuptools>=")
+    assert int(setuptools.removeprefix("setuptools>=").split(".")[0]) >= 77
+
+
+def test_the_default_run_directory_is_ignored_by_git():
+    """``jaxformer train`` writes into ``runs/FAMILY-PRESET`` by default: never committed."""
+    import shutil
+
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("needs git and a checkout")
+    ignored = subprocess.run(["git", "check-ignore", "-q", "runs/gpt-tiny/run.json"], cwd=REPO)
+    assert ignored.returncode == 0, "runs/ is not in .gitignore"

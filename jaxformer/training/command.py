@@ -153,9 +153,10 @@ FLAGS = [
      dict(metavar="FILE",
           help="JSON lines, one per update: step, loss, learning_rate, grad_norm, seconds, "
                "tokens_per_s, model_tflops_per_s, mfu (with --peak-tflops), eval_loss (default "
-               "DIR/metrics.jsonl)")),
+               "DIR/metrics.jsonl); a new file, or on --resume the run's own (rewritten)")),
     ("output", ("--plot",), "plot",
-     dict(metavar="PNG", help="loss curve (default: the metrics path, .png)")),
+     dict(metavar="PNG", help="loss curve (default: the metrics path, .png); a new file, or on "
+                              "--resume the run's own (redrawn)")),
     ("output", ("--eval-every",), "eval_every",
      dict(type=int, metavar="K",
           help="every K updates, the loss on the held-out tenth of the data or on --val-data "
@@ -177,7 +178,13 @@ FLAGS = [
     ("output", ("--export-hf",), "export_hf",
      dict(metavar="DIR",
           help="at the end, write the trained bert, classifier or gpt model as a Hugging Face "
-               "directory (transformers loads it) with tokenizer.json")),
+               "directory (transformers loads it) with tokenizer.json; DIR must be new or empty "
+               "and apart from the run directory")),
+    ("output", ("--overwrite",), "overwrite",
+     dict(action="store_true",
+          help="let --export-hf replace a previous --export-hf export (recognised by its "
+               "marker file and exact file set); a directory holding anything else is never "
+               "replaced")),
 ]
 
 

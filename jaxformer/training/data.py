@@ -22,6 +22,8 @@ from jaxformer.training.vocab import DataError
 def read_text(path) -> str:
     """The file's text; refuses a missing, non-UTF-8 or empty file with a clear message."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"data file {path} is a directory; give the path of a text file")
     if not path.is_file():
         raise DataError(f"data file {path} does not exist")
     raw = path.read_bytes()

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jaxformer import frameworks
+from jaxformer import frameworks, outputs
 from jaxformer.training import data, reporting, rundir, tasks, vocab
 from jaxformer.training.config import TrainConfig, run_identity
 from jaxformer.training.rundir import ResumeError
@@ -59,6 +59,7 @@ class RunOptions:
     peak_tflops: float | None = None
     compile: bool = False
     export_hf: str | None = None
+    overwrite: bool = False  # --export-hf may replace a previous export (never anything else)
     mesh: str | None = None  # "data=2,fsdp=2,tensor=2": train sharded (jaxformer.sharding)
     stream: object = field(default=None, repr=False)  # plain progress lines (default stdout)
 
@@ -121,6 +122,7 @@ def prepare(config: TrainConfig, options: RunOptions):
         check_batch_size(config.micro_batch_size, make_mesh(options.mesh))
     run_dir = rundir.run_directory(options.checkpoint_dir, options.family, options.preset)
     rundir.check_usable(run_dir, options.resume)
+    check_outputs(run_dir, options)
     if config.gpt_windows != "packed" and options.family != "gpt":
         raise ValueError(f"gpt_windows {config.gpt_windows!r} is for the gpt family only, got "
                          f"family {options.family!r}")
@@ -185,8 +187,7 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
                               f"{meta['data_position']}, expected {expected}")
     elif options.resume:
         print(f"{run_dir} has no checkpoint yet: starting from step 0", file=stream)
-    metrics_path = Path(options.metrics) if options.metrics else run_dir / "metrics.jsonl"
-    plot_path = Path(options.plot) if options.plot else metrics_path.with_suffix(".png")
+    metrics_path, plot_path = output_paths(run_dir, options)
     kept = ([r for r in reporting.read_metrics(metrics_path) if r["step"] <= start]
             if options.resume else [])
     rundir.write_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
@@ -241,7 +242,7 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
         if saved_at != trainer.step and trainer.step > start:
             save()
         if options.export_hf:
-            export_hf(trainer.sync(), run_dir, Path(options.export_hf))
+            export_hf(trainer.sync(), run_dir, Path(options.export_hf), options.overwrite)
     finally:
         if bar is not None:
             bar.close()
@@ -253,15 +254,86 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
     return RunResult(run_dir, metrics_path, plot_path, start, trainer.step, losses)
 
 
-def export_hf(model, run_dir: Path, path: Path) -> None:
+EXPORT_KIND = "hf-export"  # the outputs.MARKER kind of a --export-hf directory
+
+
+def output_paths(run_dir: Path, options: RunOptions) -> tuple[Path, Path]:
+    """The metrics file (``--metrics``, default ``DIR/metrics.jsonl``) and the plot (``--plot``,
+    default: the metrics path with ``.png``)."""
+    metrics_path = Path(options.metrics) if options.metrics else run_dir / "metrics.jsonl"
+    return metrics_path, Path(options.plot) if options.plot else metrics_path.with_suffix(".png")
+
+
+def _is_metrics(path: Path) -> bool:
+    """A metrics file of a run: every line a JSON object with ``step`` and ``loss``."""
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        return all(isinstance(r := json.loads(line), dict) and {"step", "loss"} <= r.keys()
+                   for line in lines)
+    except (OSError, ValueError):
+        return False
+
+
+def _is_png(path: Path) -> bool:
+    try:
+        with open(path, "rb") as file:
+            return file.read(8) == b"\x89PNG\r\n\x1a\n"
+    except OSError:
+        return False
+
+
+def check_outputs(run_dir: Path, options: RunOptions) -> None:
+    """Every output of the run may be written (``jaxformer.outputs``), before any work: a fresh
+    run's directory is absent or empty; its metrics and plot files are new, or, on ``--resume``,
+    the run's own (a metrics file, a PNG), which the run rewrites; neither is a file of the run
+    directory, the data, or the other; ``--export-hf`` is apart from the run directory, the
+    metrics, the plot and the data, and is new, empty, or a previous export with
+    ``--overwrite``; every directory written into is writable."""
+    run_flag = "--checkpoint-dir" if options.checkpoint_dir else "--checkpoint-dir (default)"
+    if not options.resume:
+        outputs.check_directory(run_flag, run_dir, "a jaxformer run", overwrite=False,
+                                previous=lambda d: False, replaced=False)
+    else:
+        outputs.check_writable(run_flag, run_dir)
+    metrics_path, plot_path = output_paths(run_dir, options)
+    run_files = {f"the run's {name} ({run_flag} {run_dir})": run_dir / name
+                 for name in ("run.json", "tokenizer.json", "checkpoints")}
+    data_files = {what: path for what, path in (
+        (f"the data file (--data {options.data})", options.data),
+        (f"the validation file (--val-data {options.val_data})", options.val_data))
+        if path and Path(path).is_file()}  # a directory or nothing: data.read_text says so
+    for flag, path, other, ours in (
+            ("--metrics", metrics_path, {f"the plot (--plot {plot_path})": plot_path},
+             _is_metrics),
+            ("--plot", plot_path, {f"the metrics file (--metrics {metrics_path})": metrics_path},
+             _is_png)):
+        flag = flag if getattr(options, flag[2:]) else f"{flag} (default)"
+        outputs.check_new_file(flag, path, ours=ours if options.resume else None,
+                               keep={**run_files, **data_files, **other})
+    if options.export_hf:
+        outputs.check_directory(
+            "--export-hf", options.export_hf, "a previous --export-hf export",
+            overwrite=options.overwrite, previous=outputs.has_marker(EXPORT_KIND),
+            keep={f"the run directory ({run_flag} {run_dir})": run_dir,
+                  f"the metrics file (--metrics {metrics_path})": metrics_path,
+                  f"the plot (--plot {plot_path})": plot_path, **data_files})
+
+
+def export_hf(model, run_dir: Path, path: Path, overwrite: bool = False) -> None:
     """The trained model as a Hugging Face directory (``config.json``, ``model.safetensors``)
-    with the run's ``tokenizer.json`` beside them."""
-    import shutil
-
+    with the run's ``tokenizer.json`` beside them and an ``outputs.MARKER`` that lets a later
+    ``--overwrite`` recognise the export; written whole or not at all. Refuses (again, in case
+    it changed during the run) a target ``outputs.check_directory`` refuses."""
     from jaxformer.checkpoints.hf import save_pretrained
+    from jaxformer.checkpoints.hf.files import CONFIG, SAFETENSORS
 
-    save_pretrained(model, path, overwrite=True)
-    shutil.copyfile(run_dir / "tokenizer.json", path / "tokenizer.json")
+    outputs.check_directory("--export-hf", path, "a previous --export-hf export",
+                            overwrite=overwrite, previous=outputs.has_marker(EXPORT_KIND),
+                            keep={f"the run directory ({run_dir})": run_dir})
+    files = {"tokenizer.json": (run_dir / "tokenizer.json").read_bytes()}
+    marker = outputs.marker_text(EXPORT_KIND, [CONFIG, SAFETENSORS, *files])
+    save_pretrained(model, path, overwrite=True,
+                    extra_files={**files, outputs.MARKER: marker.encode()})
 
 
 def data_tokens(dataset: data.Dataset, config: TrainConfig) -> int:

@@ -32,7 +32,7 @@ def test_train_gpt_writes_progress_metrics_png_and_checkpoints(gpt_run, capsys):
     data, run_dir = gpt_run
     assert train("--family", "gpt", "--preset", "tiny", "--data", data, "--steps", 50,
                  "--checkpoint-dir", run_dir, "--checkpoint-every", 20,
-                 "--export-hf", run_dir / "hf", "--peak-tflops", 0.5) == 0
+                 "--export-hf", run_dir.parent / "hf", "--peak-tflops", 0.5) == 0
     out = capsys.readouterr().out
     # Not a terminal here: plain progress lines (a bar is the default on a terminal).
     assert re.search(r"^step 1/50  loss \d+\.\d+  lr ", out, re.M)
@@ -64,7 +64,7 @@ def test_the_trained_model_exports_to_transformers(gpt_run):
     from jaxformer.training.step import TrainStep, build_model
 
     _, run_dir = gpt_run
-    if not (run_dir / "hf").is_dir():
+    if not (run_dir.parent / "hf").is_dir():
         pytest.skip("needs the run of the test above")
     identity = json.loads((run_dir / "run.json").read_text())["identity"]
     model_cfg = GPTConfig(**{k: v for k, v in identity["model_config"].items() if k != "class"})
@@ -74,12 +74,12 @@ def test_the_trained_model_exports_to_transformers(gpt_run):
     ours = trainer.sync()
     ours.eval()
     ids = np.random.RandomState(0).randint(0, model_cfg.vocab_size, (2, 12))
-    hf = GPT2LMHeadModel.from_pretrained(run_dir / "hf").eval()
+    hf = GPT2LMHeadModel.from_pretrained(run_dir.parent / "hf").eval()
     with torch.no_grad():
         expected = hf(torch.tensor(ids)).logits.numpy()
     got = np.asarray(ours(ids))
     assert np.abs(got - expected).max() <= 1e-5 * max(1.0, np.abs(expected).max())
-    assert (run_dir / "hf" / "tokenizer.json").is_file()
+    assert (run_dir.parent / "hf" / "tokenizer.json").is_file()
 
 
 def _snapshot(run_dir):
@@ -188,7 +188,8 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, capsys, flags, 
     args = ["--family", "gpt", "--data", path, "--checkpoint-dir", run_dir, "--steps", 50]
     assert train(*args, *flags) == 2
     err = capsys.readouterr().err
-    assert err.startswith("jaxformer train: error: ") and re.search(message, err), err
+    assert err.startswith("jaxformer train: error: "), err
+    assert re.search(message, err), err
     assert not run_dir.exists()
 
 

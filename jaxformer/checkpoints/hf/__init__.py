@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -195,14 +196,16 @@ def _our_state_dict(model) -> dict[str, np.ndarray]:
     return convert.nnx_to_torch(model)
 
 
-def save_pretrained(model, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+def save_pretrained(model, path: str | os.PathLike, *, overwrite: bool = False,
+                    extra_files: Mapping[str, bytes] | None = None) -> Path:
     """Write ``model`` (jaxformer or torch_ref) as a Hugging Face directory: ``config.json``
     (with ``architectures``) and ``model.safetensors`` (float32, tied weights stored once).
 
     Written into a temporary directory beside ``path`` and renamed into place, so an error leaves
     nothing half-written. A non-empty existing ``path`` is refused unless ``overwrite=True``, which
     replaces the directory as a whole (files such as a tokenizer are not kept); an existing
-    directory's permission bits are kept. Returns the path.
+    directory's permission bits are kept. ``extra_files`` (name -> bytes, e.g. a tokenizer)
+    are written into the same directory, in the same atomic step. Returns the path.
     """
     import json
 
@@ -217,5 +220,7 @@ def save_pretrained(model, path: str | os.PathLike, *, overwrite: bool = False) 
     def write(directory: Path) -> None:
         (directory / CONFIG).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
         save_file(state, directory / SAFETENSORS, metadata={"format": "pt"})
+        for name, data in (extra_files or {}).items():
+            (directory / name).write_bytes(data)
 
     return write_directory(Path(path), write, overwrite=overwrite)
