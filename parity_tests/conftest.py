@@ -18,8 +18,10 @@ import pytest
 import torch
 from hypothesis import settings
 
-from parity_tests.support import bounds
+pytest.register_assert_rewrite("parity_tests.support")  # their bounds explain themselves too
+from parity_tests.support import bounds  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 jax.config.update("jax_default_matmul_precision", "highest")
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
@@ -43,10 +45,16 @@ if os.environ.get(bounds.MARGINS_ENV):  # a margins run (parity_tests/tools/marg
 
 def pytest_assertion_pass(item, lineno, orig, expl):
     """In a margins run (``-o enable_assertion_pass_hook=true``), records every passing
-    ``assert measured <= bound`` between numbers."""
+    ``assert measured <= bound`` between numbers in this repository's tests (pytest rewrites
+    the assertions of plugins too: hypothesis's are not ours)."""
     pair = bounds.comparison(expl) if os.environ.get(bounds.MARGINS_ENV) else None
-    if pair is not None:
-        bounds.record(*pair, what=orig, where=f"{item.path.name}:{lineno}")
+    if pair is None:
+        return
+    frame = sys._getframe(1)
+    while frame is not None and {"_pytest", "pluggy"} & set(Path(frame.f_code.co_filename).parts):
+        frame = frame.f_back
+    if frame is not None and Path(frame.f_code.co_filename).is_relative_to(ROOT / "parity_tests"):
+        bounds.record(*pair, what=orig, where=f"{Path(frame.f_code.co_filename).name}:{lineno}")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -85,14 +85,24 @@ def run(isa: str, cpus: list[int], tests: list[str], workdir: Path) -> tuple[int
 
 
 def smallest(results: dict[str, list[dict]]) -> list[dict]:
-    """Per checked bound (test, place, expression): the smallest margin over configurations."""
+    """Per checked bound (test, place, expression): the smallest margin over configurations, and
+    whether its worst measurement differed between configurations (``varies``: the CPU moves it;
+    a measurement equal on all of them, such as a schedule or a count, is not at the CPU's mercy).
+    """
     worst: dict[tuple, dict] = {}
+    seen: dict[tuple, dict[str, float]] = {}
     for config, rows in results.items():
         for row in rows:
             margin = row["bound"] / row["measured"] if row["measured"] > 0 else float("inf")
             key = (row["test"], row["where"], row["what"])
+            per_config = seen.setdefault(key, {})
+            per_config[config] = max(per_config.get(config, 0.0), row["measured"])
             if key not in worst or margin < worst[key]["margin"]:
                 worst[key] = {**row, "margin": margin, "config": config}
+    for key, row in worst.items():
+        values = list(seen[key].values())
+        row["configs"] = len(values)
+        row["varies"] = len(values) > 1 and max(values) != min(values)
     return sorted(worst.values(), key=lambda r: r["margin"])
 
 
@@ -129,8 +139,9 @@ def main(argv=None) -> int:
     print(f"\n{sum(map(len, results.values()))} bounds checked over {len(results)} "
           f"configurations; {len(low)} with a margin below {args.below:g}:")
     for r in low:
+        same = "" if r["varies"] or r["configs"] < 2 else "  (same on every configuration)"
         print(f"  {r['margin']:6.2f}x  {r['measured']:.3g} <= {r['bound']:.3g}  {r['test']}  "
-              f"{r['where']}  {r['what']}  [{r['config']}]")
+              f"{r['where']}  {r['what']}  [{r['config']}]{same}")
     for name, code in codes.items():
         print(f"{name}: pytest exit {code}")
     if args.out:
