@@ -7,8 +7,10 @@ reports through ``reporting``; the run's files are ``rundir``'s. Nothing here im
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import signal
 import sys
 import threading
@@ -51,14 +53,17 @@ class RunAborted(KeyboardInterrupt):
 
 
 class _Signals:
-    """SIGINT and SIGTERM while training: the first sets :attr:`received` (the loop saves after
-    the step under way and stops), the second raises :class:`RunAborted` at once; further ones
-    are ignored while the abort cleans up. Only in the main thread (where Python runs handlers);
-    the previous handlers come back on exit."""
+    """SIGINT and SIGTERM while training. The first sets :attr:`received`: the loop saves after
+    the step under way and stops. The second raises :class:`RunAborted` at once, unless a
+    checkpoint is being written (:meth:`saving`): then as soon as it is complete, so that no
+    half-written one is left (orbax's writer threads cannot be stopped midway); a third during a
+    save ends the process there (exit 130) after removing the unfinished checkpoint. Only in the
+    main thread (where Python runs handlers); the previous handlers come back on exit."""
 
-    def __init__(self, stream):
+    def __init__(self, stream, checkpointer):
         self.received: str | None = None
-        self._stream = stream
+        self._stream, self._checkpointer = stream, checkpointer
+        self._count, self._in_save, self._abort = 0, False, None
         self._previous = {}
 
     def __enter__(self):
@@ -67,16 +72,41 @@ class _Signals:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
+    def _say(self, text: str) -> None:
+        print(f"\n{text}", file=self._stream, flush=True)
+
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
-        if self.received is None:
+        self._count += 1
+        if self._count == 1:
             self.received = name
-            print(f"\n{name}: finishing the current step, then saving a checkpoint "
-                  f"(again to stop at once)", file=self._stream, flush=True)
-            return
-        for sig in self._previous:
-            signal.signal(sig, signal.SIG_IGN)
-        raise RunAborted(name)
+            self._say(f"{name}: finishing the current step, then saving a checkpoint (again to "
+                      f"stop at once)")
+        elif self._in_save and self._count == 2:
+            self._abort = name
+            self._say(f"{name}: stopping as soon as the checkpoint being written is complete "
+                      f"(again to stop even so)")
+        elif self._in_save:
+            self._checkpointer.remove_unfinished()
+            self._say(f"jaxformer train: {name}: stopped during a save; the unfinished "
+                      f"checkpoint was removed, the earlier ones are whole")
+            os._exit(130)
+        else:
+            for sig in self._previous:  # the abort's clean-up runs to its end
+                signal.signal(sig, signal.SIG_IGN)
+            raise RunAborted(name)
+
+    @contextlib.contextmanager
+    def saving(self):
+        self._in_save = True
+        try:
+            yield
+        finally:
+            self._in_save = False
+        if self._abort:
+            for sig in self._previous:
+                signal.signal(sig, signal.SIG_IGN)
+            raise RunAborted(self._abort)
 
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
@@ -264,13 +294,16 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
         bar = tqdm(total=config.steps, initial=start, unit="step",
                    desc=f"{family} ({options.framework})")
 
+    signals = _Signals(sys.stderr, checkpointer)
+
     def save():
-        checkpointer.save(trainer, {"step": trainer.step, "identity": identity,
-                                    "data_position": trainer.step * config.accumulation_steps})
+        with signals.saving():
+            checkpointer.save(trainer, {"step": trainer.step, "identity": identity,
+                                        "data_position": trainer.step * config.accumulation_steps})
 
     losses, saved_at, interrupted, aborted = [], start if options.resume else None, None, False
     try:
-        with open(metrics_path, "a") as metrics_file, _Signals(sys.stderr) as signals:
+        with open(metrics_path, "a") as metrics_file, signals:
             for step in range(start, config.steps):
                 batch = train_set.update_batch(step)
                 began = time.perf_counter()
