@@ -239,7 +239,9 @@ class Checkpointer:
     def set_aside(self, step: int) -> Path:
         """Move a damaged checkpoint to ``DIR-damaged/<step>`` (kept for inspection) and return
         where it went."""
-        return _set_aside(self.path(step), self.directory)
+        moved = _set_aside(self.path(step), self.directory)
+        self._manager.reload()  # orbax forgets the step, so that it can be saved anew
+        return moved
 
     def close(self) -> None:
         self._manager.close()

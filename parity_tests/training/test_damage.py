@@ -247,3 +247,21 @@ def test_other_schedules_refuse_to_extend(tmp_path, capsys):
     assert "Start a new run (another --checkpoint-dir) from this run's final weights" in err
     assert _snapshot(run_dir) == before
     assert np.isfinite([loss for _, loss in _losses(run_dir)]).all()
+
+
+def test_no_restorable_checkpoint_is_refused(run, tmp_path, capsys):
+    framework, data, source = run
+    if framework != "torch":
+        pytest.skip("the loop's logic, the same for both checkpointers")
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    for path in (run_dir / "checkpoints").glob("step_*/state.pt"):
+        path.write_bytes(b"")
+    before = _snapshot(run_dir)
+    capsys.readouterr()
+    assert train(*_args(data, run_dir, framework), "--resume") == 2
+    err = capsys.readouterr().err
+    assert f"step_{STEPS - 2}/state.pt: cannot be read" in err
+    assert "no checkpoint of" in err
+    assert "can be restored (damaged: steps [1, 2, 3]; nothing was changed)" in err
+    assert _snapshot(run_dir) == before
