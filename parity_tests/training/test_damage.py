@@ -151,7 +151,7 @@ def _other_tokenizer(run_dir, framework):
     return "tokenizer.json: holds"
 
 
-# (damage, frameworks, what the message says, is it the latest checkpoint's)
+# (damage, the frameworks whose code it reaches, whether it damages the latest checkpoint)
 DAMAGES = [
     (_truncate_arrays, ("jax", "torch"), True),
     (_flip_array_bytes, ("jax",), True),
@@ -165,12 +165,14 @@ DAMAGES = [
 ]
 
 
-@pytest.mark.parametrize(("damage", "frameworks", "checkpoint"), DAMAGES,
-                         ids=[d[0].__name__.strip("_") for d in DAMAGES])
-def test_a_damaged_file_is_named(run, tmp_path, capsys, damage, frameworks, checkpoint):
+CASES = [(framework, damage, checkpoint) for damage, frameworks, checkpoint in DAMAGES
+         for framework in frameworks]
+
+
+@pytest.mark.parametrize(("run", "damage", "checkpoint"), CASES, indirect=["run"],
+                         ids=[f"{f}-{d.__name__.strip('_')}" for f, d, _ in CASES])
+def test_a_damaged_file_is_named(run, tmp_path, capsys, damage, checkpoint):
     framework, data, source = run
-    if framework not in frameworks:
-        pytest.skip(f"the same code path as {frameworks}")
     run_dir = tmp_path / "run"
     shutil.copytree(source, run_dir)
     message = damage(run_dir, framework)
@@ -205,13 +207,12 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_good_one(run, tmp_
     assert again.is_dir()  # saved anew, whole
 
 
+@pytest.mark.parametrize("run", ["jax"], indirect=True)
 def test_a_checkpoint_without_its_commit_marker_is_incomplete(run, tmp_path, capsys):
     """orbax renames a finished checkpoint into place and writes commit_success.txt before;
     a step directory without it is never restored (torch: the rename alone, tested by
     test_checkpoint.py's unfinished saves)."""
     framework, data, source = run
-    if framework != "jax":
-        pytest.skip("orbax's commit marker")
     run_dir = tmp_path / "run"
     shutil.copytree(source, run_dir)
     (_step_dir(run_dir, framework, STEPS) / "commit_success.txt").unlink()
@@ -249,10 +250,9 @@ def test_other_schedules_refuse_to_extend(tmp_path, capsys):
     assert np.isfinite([loss for _, loss in _losses(run_dir)]).all()
 
 
+@pytest.mark.parametrize("run", ["torch"], indirect=True)  # the loop's logic, shared
 def test_no_restorable_checkpoint_is_refused(run, tmp_path, capsys):
     framework, data, source = run
-    if framework != "torch":
-        pytest.skip("the loop's logic, the same for both checkpointers")
     run_dir = tmp_path / "run"
     shutil.copytree(source, run_dir)
     for path in (run_dir / "checkpoints").glob("step_*/state.pt"):

@@ -37,11 +37,16 @@ def _command(data, run_dir, framework, *extra):
             "--log-every", "1", *extra]
 
 
-def _env(tmp_path):
-    return dict(os.environ, JAX_PLATFORMS="cpu",
-                JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
-                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """The corpus and the environment every run of this module shares: one JAX compilation
+    cache, so that only the first JAX process compiles the step."""
+    root = tmp_path_factory.mktemp("interrupt")
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    return write_corpus(root / "corpus.txt"), env
 
 
 def _losses(run_dir):
@@ -81,9 +86,8 @@ def _leftovers(run_dir):
 
 
 @pytest.mark.parametrize("framework", ["jax", "torch"])
-def test_sigint_saves_and_the_printed_command_resumes_exactly(tmp_path, framework):
-    data = write_corpus(tmp_path / "corpus.txt")
-    env = _env(tmp_path)
+def test_sigint_saves_and_the_printed_command_resumes_exactly(shared, tmp_path, framework):
+    data, env = shared
     reference = tmp_path / "reference"
     subprocess.run(_command(data, reference, framework), env=env, check=True,
                    capture_output=True, cwd=os.getcwd())
@@ -111,13 +115,13 @@ def test_sigint_saves_and_the_printed_command_resumes_exactly(tmp_path, framewor
     assert not _leftovers(run_dir)
 
 
-def test_a_second_signal_stops_at_once(tmp_path):
+def test_a_second_signal_stops_at_once(shared, tmp_path):
     """Two signals 50 ms apart, a checkpoint after every step (a save is usually under way):
-    exit 130, no traceback, no temporary directory, and what was saved resumes."""
-    data = write_corpus(tmp_path / "corpus.txt")
+    exit 130, no traceback, no temporary directory."""
+    data, env = shared
     run_dir = tmp_path / "run"
     command = _command(data, run_dir, "jax", "--checkpoint-every", "1")
-    code, _, err = _signal_after(command, _env(tmp_path), 2, [signal.SIGINT, signal.SIGTERM])
+    code, _, err = _signal_after(command, env, 2, [signal.SIGINT, signal.SIGTERM])
     assert code == 130, err
     assert "Traceback" not in err
     assert "stopped at once" in err or "saved step" in err
