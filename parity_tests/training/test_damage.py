@@ -51,14 +51,22 @@ def _snapshot(run_dir):
             if p.is_file()}
 
 
-@pytest.fixture(scope="module", params=["jax", "torch"])
-def run(request, tmp_path_factory):
-    """A finished run of STEPS steps with a checkpoint after each, per framework."""
-    root = tmp_path_factory.mktemp(f"damage_{request.param}")
-    data = write_corpus(root / "corpus.txt")
-    run_dir = root / "run"
-    assert train(*_args(data, run_dir, request.param)) == 0
-    return request.param, data, run_dir
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """``runs(framework)``: (framework, data, run directory) of a finished run of STEPS steps
+    with a checkpoint after each, made once per framework (the tests only copy it)."""
+    made = {}
+
+    def get(framework):
+        if framework not in made:
+            root = tmp_path_factory.mktemp(f"damage_{framework}")
+            data = write_corpus(root / "corpus.txt")
+            run_dir = root / "run"
+            assert train(*_args(data, run_dir, framework)) == 0
+            made[framework] = framework, data, run_dir
+        return made[framework]
+
+    return get
 
 
 def _step_dir(run_dir, framework, step):
@@ -169,10 +177,10 @@ CASES = [(framework, damage, checkpoint) for damage, frameworks, checkpoint in D
          for framework in frameworks]
 
 
-@pytest.mark.parametrize(("run", "damage", "checkpoint"), CASES, indirect=["run"],
+@pytest.mark.parametrize(("framework", "damage", "checkpoint"), CASES,
                          ids=[f"{f}-{d.__name__.strip('_')}" for f, d, _ in CASES])
-def test_a_damaged_file_is_named(run, tmp_path, capsys, damage, checkpoint):
-    framework, data, source = run
+def test_a_damaged_file_is_named(runs, tmp_path, capsys, framework, damage, checkpoint):
+    _, data, source = runs(framework)
     run_dir = tmp_path / "run"
     shutil.copytree(source, run_dir)
     message = damage(run_dir, framework)
@@ -190,8 +198,10 @@ def test_a_damaged_file_is_named(run, tmp_path, capsys, damage, checkpoint):
     assert _snapshot(run_dir) == before  # nothing changed
 
 
-def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_good_one(run, tmp_path, capsys):
-    framework, data, source = run
+@pytest.mark.parametrize("framework", ["jax", "torch"])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_good_one(runs, tmp_path, capsys,
+                                                                       framework):
+    _, data, source = runs(framework)
     run_dir = tmp_path / "run"
     shutil.copytree(source, run_dir)
     _truncate_arrays(run_dir, framework)
@@ -207,12 +217,11 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_good_one(run, tmp_
     assert again.is_dir()  # saved anew, whole
 
 
-@pytest.mark.parametrize("run", ["jax"], indirect=True)
-def test_a_checkpoint_without_its_commit_marker_is_incomplete(run, tmp_path, capsys):
+def test_a_checkpoint_without_its_commit_marker_is_incomplete(runs, tmp_path, capsys):
     """orbax renames a finished checkpoint into place and writes commit_success.txt before;
     a step directory without it is never restored (torch: the rename alone, tested by
     test_checkpoint.py's unfinished saves)."""
-    framework, data, source = run
+    framework, data, source = runs("jax")
     run_dir = tmp_path / "run"
     shutil.copytree(source, run_dir)
     (_step_dir(run_dir, framework, STEPS) / "commit_success.txt").unlink()
@@ -250,9 +259,8 @@ def test_other_schedules_refuse_to_extend(tmp_path, capsys):
     assert np.isfinite([loss for _, loss in _losses(run_dir)]).all()
 
 
-@pytest.mark.parametrize("run", ["torch"], indirect=True)  # the loop's logic, shared
-def test_no_restorable_checkpoint_is_refused(run, tmp_path, capsys):
-    framework, data, source = run
+def test_no_restorable_checkpoint_is_refused(runs, tmp_path, capsys):
+    framework, data, source = runs("torch")  # the loop's logic, the same for both
     run_dir = tmp_path / "run"
     shutil.copytree(source, run_dir)
     for path in (run_dir / "checkpoints").glob("step_*/state.pt"):
