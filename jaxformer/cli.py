@@ -138,6 +138,7 @@ def main(argv=None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for `train`'s resume command
     return args.func(args)
 
 

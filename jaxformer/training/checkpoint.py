@@ -3,9 +3,20 @@
 A checkpoint is ``DIR/<step>/`` holding ``state`` (the parameters, the optimizer state, the RNG
 state of the model's ``nnx.Rngs`` and the step: everything :meth:`TrainStep.state_dict` returns)
 and ``meta`` (JSON: the data position, the run identity ``--resume`` checks, what the loop needs).
-orbax writes each checkpoint into a temporary directory and renames it when complete, so a kill at
-any moment, during a save included, leaves the previous checkpoints intact and the half-written
-one invisible; it keeps the last ``keep`` checkpoints.
+orbax writes each checkpoint into a temporary directory (``<step>.orbax-checkpoint-tmp-*``), writes
+its commit marker ``commit_success.txt`` in it and renames it to ``<step>`` when complete, so a kill
+at any moment, during a save included, leaves the previous checkpoints intact and the half-written
+one invisible; it keeps the last ``keep`` checkpoints. This module relies on that explicitly: only
+directories named by a step are checkpoints, one without its commit marker is reported as
+incomplete, never read, and unfinished temporary directories are removed by the next
+``Checkpointer`` on the directory (and by :meth:`Checkpointer.close`).
+
+Every checkpoint is validated when it is restored, and anything wrong is a
+:class:`~jaxformer.training.rundir.CheckpointDamaged` naming the file and the problem, never an
+orbax traceback: the commit marker, the meta (a JSON object), each array's shape and dtype
+against the live trainer's, and each array's CRC-32, which :meth:`Checkpointer.save` records in the
+meta (``arrays``) beside the shape and dtype (a checkpoint written before that has no CRCs and
+is restored unchecked).
 
 The state is stored as nested dictionaries named by the tree paths (typed PRNG keys as their raw
 ``uint32`` data) and restored into the structure of a live ``TrainStep``, so the file layout does
@@ -18,10 +29,18 @@ another mesh, or onto one device, with the same values.
 
 from __future__ import annotations
 
+import shutil
+import zlib
 from pathlib import Path
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+
+from jaxformer.training.rundir import CheckpointDamaged
+
+COMMIT_MARKER = "commit_success.txt"  # orbax writes it into the temporary directory, last
+_TMP = ".orbax-checkpoint-tmp"
 
 
 def _is_key(x) -> bool:
@@ -61,9 +80,33 @@ def _from_nested(nested: dict, template):
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
+def _flat(nested: dict, prefix: str = "") -> dict:
+    """``{"a/b": leaf}`` of a nested dictionary."""
+    out = {}
+    for key, value in nested.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _crc(array) -> int:
+    return zlib.crc32(np.ascontiguousarray(np.asarray(array)).tobytes())
+
+
+def _one_line(error: Exception) -> str:
+    """An orbax or TensorStore error, cut to its first line (without the TensorStore spec)."""
+    text = str(error).split("See full TensorStore details")[0].strip()
+    first = text.splitlines()[0].strip() if text else ""
+    return f"{type(error).__name__}: {first}"[:300].rstrip(": ")
+
+
 class Checkpointer:
     """``save(trainer, meta)`` at ``trainer.step``; ``restore(trainer)`` loads the latest (or
-    ``step``) into the trainer and returns its meta; ``read_meta`` needs no trainer."""
+    ``step``) into the trainer and returns its meta; ``read_meta`` needs no trainer. A checkpoint
+    that cannot be read raises :class:`CheckpointDamaged`; ``set_aside(step)`` moves it out of the
+    way (into ``DIR-damaged/``) so that the run can go on from an earlier one."""
 
     def __init__(self, directory, keep: int = 3):
         if keep < 1:
@@ -72,10 +115,26 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=False)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self.remove_unfinished()
+
+    def remove_unfinished(self) -> None:
+        """Delete the temporary directories of saves that never completed (a kill, an abort)."""
+        if jax.process_index() == 0 and self.directory.is_dir():
+            for stale in self.directory.glob(f"*{_TMP}*"):
+                shutil.rmtree(stale, ignore_errors=True)
+
+    def path(self, step: int) -> Path:
+        return self.directory / str(step)
+
+    def meta_path(self, step: int) -> Path:
+        return self.path(step) / "meta" / "metadata"
 
     def steps(self) -> list[int]:
-        self._manager.reload()
-        return sorted(self._manager.all_steps())
+        """Every step directory (complete or not: :meth:`restore` tells), temporary ones never."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.directory.iterdir()
+                      if p.is_dir() and p.name.isdigit())
 
     def latest_step(self) -> int | None:
         steps = self.steps()
@@ -83,8 +142,13 @@ class Checkpointer:
 
     def save(self, trainer, meta: dict) -> None:
         state = _to_nested(trainer.state_dict())
+        meta = dict(meta)
+        leaves = _flat(state)
+        if all(getattr(x, "is_fully_addressable", True) for x in leaves.values()):
+            meta["arrays"] = {name: [list(x.shape), str(x.dtype), _crc(x)]
+                              for name, x in leaves.items()}
         self._manager.save(trainer.step, force=True, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(dict(meta))))
+            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
         self._manager.wait_until_finished()
 
     def _step(self, step: int | None) -> int:
@@ -98,21 +162,97 @@ class Checkpointer:
                                     f"(it holds {steps})")
         return step
 
+    def _raw_meta(self, step: int) -> dict:
+        path = self.path(step)
+        for marker in (path / COMMIT_MARKER, path / "meta" / COMMIT_MARKER):
+            if not marker.is_file():
+                raise CheckpointDamaged(step, marker, "missing: the checkpoint is incomplete "
+                                                      "(orbax writes this commit marker last)")
+        meta_path = self.meta_path(step)
+        if not meta_path.is_file():
+            raise CheckpointDamaged(step, meta_path, "missing")
+        self._manager.reload()
+        try:
+            meta = self._manager.restore(step, args=ocp.args.Composite(
+                meta=ocp.args.JsonRestore()))["meta"]
+        except Exception as error:  # orbax raises whatever its JSON reader raised
+            raise CheckpointDamaged(step, meta_path, f"cannot be read ({_one_line(error)})"
+                                    ) from None
+        if not isinstance(meta, dict):
+            raise CheckpointDamaged(step, meta_path, "is not a JSON object")
+        return dict(meta)
+
     def read_meta(self, step: int | None = None) -> dict:
-        step = self._step(step)
-        return dict(self._manager.restore(step, args=ocp.args.Composite(
-            meta=ocp.args.JsonRestore()))["meta"])
+        meta = self._raw_meta(self._step(step))
+        meta.pop("arrays", None)
+        return meta
 
     def restore(self, trainer, step: int | None = None) -> dict:
         step = self._step(step)
+        meta = self._raw_meta(step)
+        recorded = meta.pop("arrays", None)
+        state_dir = self.path(step) / "state"
+        if not (state_dir / COMMIT_MARKER).is_file():
+            raise CheckpointDamaged(step, state_dir / COMMIT_MARKER,
+                                    "missing: the checkpoint is incomplete")
         template = trainer.state_dict()
+        nested = _to_nested(template)
+        if recorded is not None:
+            self._check_layout(step, state_dir, recorded, _flat(nested))
         abstract = jax.tree.map(  # the target layout: the trainer's, whatever the saved one
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-            _to_nested(template))
-        restored = self._manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-        trainer.load_state_dict(_from_nested(restored["state"], template))
-        return dict(restored["meta"])
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), nested)
+        try:
+            restored = self._manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract)))["state"]
+        except Exception as error:  # orbax and TensorStore raise many kinds
+            raise CheckpointDamaged(step, state_dir, f"cannot be read ({_one_line(error)})"
+                                    ) from None
+        if recorded is not None:
+            for name, value in _flat(restored).items():
+                addressable = getattr(value, "is_fully_addressable", True)
+                if addressable and _crc(value) != recorded[name][2]:
+                    raise CheckpointDamaged(step, state_dir, f"array {name} does not match the "
+                                            f"CRC-32 recorded when it was saved (a corrupt file)")
+        trainer.load_state_dict(_from_nested(restored, template))
+        return meta
+
+    @staticmethod
+    def _check_layout(step: int, state_dir: Path, recorded, live: dict) -> None:
+        if not isinstance(recorded, dict):
+            raise CheckpointDamaged(step, state_dir.parent / "meta" / "metadata",
+                                    "its 'arrays' entry is not a JSON object")
+        if not all(isinstance(v, list) and len(v) == 3 for v in recorded.values()):
+            raise CheckpointDamaged(step, state_dir.parent / "meta" / "metadata",
+                                    "its 'arrays' entries are not [shape, dtype, crc32]")
+        missing, extra = sorted(set(live) - set(recorded)), sorted(set(recorded) - set(live))
+        if missing or extra:
+            raise CheckpointDamaged(step, state_dir, f"holds other arrays than the model "
+                                    f"(missing {missing[:3]}, unexpected {extra[:3]})")
+        for name, x in live.items():
+            shape, dtype = recorded[name][0], recorded[name][1]
+            if list(x.shape) != list(shape) or str(x.dtype) != dtype:
+                raise CheckpointDamaged(step, state_dir, f"array {name} is {dtype}{list(shape)} "
+                                        f"in the checkpoint, the model needs "
+                                        f"{x.dtype}{list(x.shape)} (a checkpoint of another "
+                                        f"model?)")
+
+    def set_aside(self, step: int) -> Path:
+        """Move a damaged checkpoint to ``DIR-damaged/<step>`` (kept for inspection) and return
+        where it went."""
+        moved = _set_aside(self.path(step), self.directory)
+        self._manager.reload()  # orbax forgets the step, so that it can be saved anew
+        return moved
 
     def close(self) -> None:
         self._manager.close()
+        self.remove_unfinished()
+
+
+def _set_aside(path: Path, directory: Path) -> Path:
+    target_dir = directory.with_name(f"{directory.name}-damaged")
+    target_dir.mkdir(parents=True, exist_ok=True)
+    target, n = target_dir / path.name, 1
+    while target.exists():
+        target, n = target_dir / f"{path.name}.{n}", n + 1
+    shutil.move(str(path), str(target))
+    return target

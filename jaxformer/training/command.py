@@ -2,20 +2,26 @@
 
 :data:`FLAGS` lists each flag once, in ``--help`` order, with the ``TrainConfig`` or
 ``loop.RunOptions`` field it fills: the parser and both dataclasses are built from it. Bad input
-ends with ``jaxformer train: error: ...`` and exit status 2; a diverged run with exit status 1.
+ends with ``jaxformer train: error: ...`` and exit status 2 (a damaged file of the run included:
+the message names the file); a diverged run with exit status 1; SIGINT or SIGTERM saves, prints
+the step saved and the command that resumes, and exits with status 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import shlex
+import shutil
 import sys
+from pathlib import Path
 
 from jaxformer.config import DTYPES, PARAM_DTYPES, REMAT_POLICIES
 from jaxformer.frameworks import FRAMEWORKS
 from jaxformer.training import tasks
 from jaxformer.training.config import GPT_WINDOWS, SCHEDULES, TrainConfig, TrainConfigError
-from jaxformer.training.loop import PROGRESS, RunOptions
+from jaxformer.training.loop import CHECKPOINT_EVERY, PROGRESS, RunOptions
 
 DESCRIPTION = """\
 Train a model on a text file, in JAX (default) or with the PyTorch twin, and write per-step
@@ -143,12 +149,18 @@ FLAGS = [
                "metrics.jsonl and metrics.png (default runs/FAMILY-PRESET)")),
     ("output", ("--checkpoint-every",), "checkpoint_every",
      dict(type=int, metavar="K",
-          help="save a checkpoint every K updates (default 0: only at the end)")),
+          help=f"save a checkpoint every K updates (default {CHECKPOINT_EVERY}; 0: only at the "
+               f"end); the end of the run and an interrupt (Ctrl-C, SIGTERM) always save")),
     ("output", ("--keep",), "keep", dict(type=int, help="checkpoints kept (default 3)")),
     ("output", ("--resume",), "resume",
      dict(action="store_true",
-          help="continue the run in --checkpoint-dir from its latest checkpoint (the flags must "
-               "describe the same run)")),
+          help="continue the run in --checkpoint-dir from its newest good checkpoint (the flags "
+               "must describe the same run; a damaged newer checkpoint is reported and set "
+               "aside); with --schedule constant, a larger --steps extends a run")),
+    ("output", ("--resume-strict",), "resume_strict",
+     dict(action="store_true",
+          help="with --resume: refuse (exit 2) when the latest checkpoint is damaged instead of "
+               "resuming from an earlier one")),
     ("output", ("--metrics",), "metrics",
      dict(metavar="FILE",
           help="JSON lines, one per update: step, loss, learning_rate, grad_norm, seconds, "
@@ -221,14 +233,54 @@ def config_from_args(args) -> TrainConfig:
     return TrainConfig(**values)
 
 
+def _program() -> list[str]:
+    """How this process was started: ``jaxformer`` when that is the script on the PATH, else
+    ``python -m jaxformer.cli``."""
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if script is not None and script.name == "jaxformer":
+        found = shutil.which("jaxformer")
+        same = found and os.path.realpath(found) == os.path.realpath(script)
+        return ["jaxformer"] if same else [str(script)]
+    return [sys.executable, "-m", "jaxformer.cli"]
+
+
+def resume_command(argv: list[str] | None) -> str:
+    """The command line that resumes this run: the user's own arguments plus ``--resume``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--resume" not in argv:
+        argv.append("--resume")
+    return shlex.join(_program() + argv)
+
+
 def run(args) -> int:
     from jaxformer.training import loop
     from jaxformer.training.vocab import DataError
 
     try:
         config = config_from_args(args)
-        options = RunOptions(**_values(args, "run"), **_values(args, "output"))
+        options = RunOptions(**_values(args, "run"), **_values(args, "output"),
+                             warmup_given=args.warmup is not None)
         result = loop.train(config, options)
+    except loop.RunInterrupted as error:
+        command = resume_command(getattr(args, "argv", None))
+        print(f"jaxformer train: interrupted ({error.signal_name}): saved step {error.step} in "
+              f"{error.checkpoint_dir}; metrics and plot written. Resume with:\n  {command}",
+              file=sys.stderr, flush=True)
+        return 130
+    except KeyboardInterrupt as error:  # RunAborted (a second signal), or one before training
+        # orbax's save threads, cut short, would print their tracebacks at exit
+        import threading
+
+        threading.excepthook = lambda hook_args: None
+        run_dir = Path(args.checkpoint_dir or f"runs/{args.family}-{args.preset}")
+        what = ("a second signal: stopped at once" if isinstance(error, loop.RunAborted)
+                else "interrupted before the first update")
+        line = f"jaxformer train: {what}; nothing unfinished was left behind"
+        if (run_dir / "run.json").is_file():
+            line += (f"; the run in {run_dir} resumes from its last checkpoint with:\n  "
+                     f"{resume_command(getattr(args, 'argv', None))}")
+        print(line, file=sys.stderr, flush=True)
+        return 130
     except (TrainConfigError, DataError, loop.ResumeError, ValueError) as error:
         print(f"jaxformer train: error: {error}", file=sys.stderr)
         return 2

@@ -7,9 +7,13 @@ reports through ``reporting``; the run's files are ``rundir``'s. Nothing here im
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,17 +21,97 @@ from pathlib import Path
 from jaxformer import frameworks, outputs
 from jaxformer.training import data, reporting, rundir, tasks, vocab
 from jaxformer.training.config import TrainConfig, run_identity
-from jaxformer.training.rundir import ResumeError
+from jaxformer.training.rundir import CheckpointDamaged, DamagedFile, ResumeError
 
-__all__ = ["FRAMEWORKS", "PROGRESS", "ResumeError", "RunOptions", "RunResult",
+__all__ = ["CHECKPOINT_EVERY", "FRAMEWORKS", "PROGRESS", "CheckpointDamaged", "DamagedFile",
+           "ResumeError", "RunAborted", "RunInterrupted", "RunOptions", "RunResult",
            "TrainingDiverged", "build_trainer", "data_tokens", "export_hf", "prepare", "train"]
 
 FRAMEWORKS = frameworks.FRAMEWORKS
 PROGRESS = ("auto", "bar", "plain", "none")
 
 
+CHECKPOINT_EVERY = 100  # the default --checkpoint-every: a crash costs at most 100 updates
+
+
 class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm stopped being finite; the last good checkpoint is kept."""
+
+
+class RunInterrupted(Exception):
+    """SIGINT or SIGTERM: the step under way finished, a checkpoint of ``step`` was saved, the
+    metrics and the plot were written."""
+
+    def __init__(self, signal_name: str, step: int, checkpoint_dir: Path):
+        self.signal_name, self.step, self.checkpoint_dir = signal_name, step, checkpoint_dir
+        super().__init__(f"{signal_name}: saved step {step} in {checkpoint_dir}")
+
+
+class RunAborted(KeyboardInterrupt):
+    """A second SIGINT or SIGTERM: stopped at once, the checkpoints already written kept, the
+    unfinished one removed."""
+
+
+class _Signals:
+    """SIGINT and SIGTERM while training. The first sets :attr:`received`: the loop saves after
+    the step under way and stops. The second raises :class:`RunAborted` at once, unless a
+    checkpoint is being written (:meth:`saving`): then as soon as it is complete, so that no
+    half-written one is left (orbax's writer threads cannot be stopped midway); a third during a
+    save ends the process there (exit 130) after removing the unfinished checkpoint. Only in the
+    main thread (where Python runs handlers); the previous handlers come back on exit."""
+
+    def __init__(self, stream, checkpointer):
+        self.received: str | None = None
+        self._stream, self._checkpointer = stream, checkpointer
+        self._count, self._in_save, self._abort = 0, False, None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _say(self, text: str) -> None:
+        print(f"\n{text}", file=self._stream, flush=True)
+
+    def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        self._count += 1
+        if self._count == 1:
+            self.received = name
+            self._say(f"{name}: finishing the current step, then saving a checkpoint (again to "
+                      f"stop at once)")
+        elif self._in_save and self._count == 2:
+            self._abort = name
+            self._say(f"{name}: stopping as soon as the checkpoint being written is complete "
+                      f"(again to stop even so)")
+        elif self._in_save:
+            self._checkpointer.remove_unfinished()
+            self._say(f"jaxformer train: {name}: stopped during a save; the unfinished "
+                      f"checkpoint was removed, the earlier ones are whole")
+            os._exit(130)
+        else:
+            for sig in self._previous:  # the abort's clean-up runs to its end
+                signal.signal(sig, signal.SIG_IGN)
+            raise RunAborted(name)
+
+    @contextlib.contextmanager
+    def saving(self):
+        self._in_save = True
+        try:
+            yield
+        finally:
+            self._in_save = False
+        if self._abort:
+            for sig in self._previous:
+                signal.signal(sig, signal.SIG_IGN)
+            raise RunAborted(self._abort)
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
 
 
 @dataclass
@@ -46,9 +130,10 @@ class RunOptions:
     scan_layers: bool | None = None  # scanned layer stacks (default: the preset's, unrolled)
     remat: str | None = None  # rematerialisation policy of each block (default: none)
     checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
+    checkpoint_every: int = CHECKPOINT_EVERY
     keep: int = 3
     resume: bool = False
+    resume_strict: bool = False  # a damaged latest checkpoint is an error, not a fallback
     metrics: str | None = None
     plot: str | None = None
     eval_every: int = 0
@@ -62,12 +147,17 @@ class RunOptions:
     overwrite: bool = False  # --export-hf may replace a previous export (never anything else)
     mesh: str | None = None  # "data=2,fsdp=2,tensor=2": train sharded (jaxformer.sharding)
     stream: object = field(default=None, repr=False)  # plain progress lines (default stdout)
+    # False when the warm-up was derived from --steps rather than given: on --resume the run's
+    # own warm-up is kept (extending a run does not move it)
+    warmup_given: bool = True
 
     def check(self) -> None:
         rules = [(self.framework in FRAMEWORKS, "framework", f"one of {FRAMEWORKS}"),
                  (self.progress in PROGRESS, "progress", f"one of {PROGRESS}"),
                  (self.checkpoint_every >= 0, "checkpoint_every", "0 (only at the end) or more"),
                  (self.keep >= 1, "keep", "at least 1"),
+                 (self.resume or not self.resume_strict, "resume_strict",
+                  "given only with resume"),
                  (self.eval_every >= 0, "eval_every", "0 (never) or more"),
                  (self.eval_batches >= 1, "eval_batches", "at least 1"),
                  (self.val_data is None or self.eval_every > 0, "val_data",
@@ -130,8 +220,9 @@ def prepare(config: TrainConfig, options: RunOptions):
     val_text = data.read_text(options.val_data) if options.val_data else None
     task = tasks.get(options.family)
     base = task.model_config(options.preset)
+    saved_run = rundir.read_run(run_dir) if options.resume else None
     if options.resume:
-        tokenizer = vocab.load_tokenizer(run_dir / "tokenizer.json")
+        tokenizer = _run_tokenizer(run_dir, saved_run)
     elif options.tokenizer:
         # a character vocabulary spans both files, as nanoGPT's spans its whole corpus; learned
         # vocabularies see the training text only
@@ -158,7 +249,16 @@ def prepare(config: TrainConfig, options: RunOptions):
     if options.val_data:
         identity["val_data_sha256"] = data.file_sha256(options.val_data)
     if options.resume:
-        rundir.check_identity(run_dir, identity)
+        identity = _extension(run_dir, saved_run, identity, options)
+        saved = saved_run["identity"]
+        extended = identity["train_config"]["steps"] > saved["train_config"].get("steps", 0)
+        rundir.check_identity(run_dir, identity, saved={  # an extension changes the steps
+            **saved, "train_config": {**saved["train_config"],
+                                      "steps": identity["train_config"]["steps"]}}
+            if extended else saved)
+        if identity != saved:  # extended: the run is now this long
+            rundir.write_atomic(run_dir / "run.json", json.dumps(
+                {**saved_run, "identity": identity}, indent=1))
     else:
         rundir.write_run(run_dir, identity, tokenizer, getattr(train_set, "label_names", None))
     return run_dir, identity, model_cfg, train_set, eval_set
@@ -172,21 +272,14 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
     starts from, so the two runs' losses can be compared step by step; dropout masks come from
     each framework's own generator, so they match only at dropout 0."""
     run_dir, identity, model_cfg, train_set, eval_set = prepare(config, options)
+    config = TrainConfig(**identity["train_config"])  # resolved (an extension keeps its warm-up)
     family = options.family
     trainer, checkpointer_cls = build_trainer(family, options.framework, model_cfg, config,
                                               options)
     checkpointer = checkpointer_cls(run_dir / "checkpoints", keep=options.keep)
     stream = options.stream or sys.stdout
-    start = 0
-    if options.resume and checkpointer.latest_step() is not None:
-        meta = checkpointer.restore(trainer)
-        start = trainer.step
-        expected = start * config.accumulation_steps
-        if meta["data_position"] != expected:
-            raise ResumeError(f"checkpoint of step {start} records data position "
-                              f"{meta['data_position']}, expected {expected}")
-    elif options.resume:
-        print(f"{run_dir} has no checkpoint yet: starting from step 0", file=stream)
+    start = _resume(checkpointer, trainer, config, options, run_dir, stream) if options.resume \
+        else 0
     metrics_path, plot_path = output_paths(run_dir, options)
     kept = ([r for r in reporting.read_metrics(metrics_path) if r["step"] <= start]
             if options.resume else [])
@@ -202,13 +295,16 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
         bar = tqdm(total=config.steps, initial=start, unit="step",
                    desc=f"{family} ({options.framework})")
 
-    def save():
-        checkpointer.save(trainer, {"step": trainer.step, "identity": identity,
-                                    "data_position": trainer.step * config.accumulation_steps})
+    signals = _Signals(sys.stderr, checkpointer)
 
-    losses, saved_at = [], None
+    def save():
+        with signals.saving():
+            checkpointer.save(trainer, {"step": trainer.step, "identity": identity,
+                                        "data_position": trainer.step * config.accumulation_steps})
+
+    losses, saved_at, interrupted, aborted = [], start if options.resume else None, None, False
     try:
-        with open(metrics_path, "a") as metrics_file:
+        with open(metrics_path, "a") as metrics_file, signals:
             for step in range(start, config.steps):
                 batch = train_set.update_batch(step)
                 began = time.perf_counter()
@@ -239,18 +335,30 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
                 if options.checkpoint_every and (step + 1) % options.checkpoint_every == 0:
                     save()
                     saved_at = trainer.step
-        if saved_at != trainer.step and trainer.step > start:
-            save()
-        if options.export_hf:
-            export_hf(trainer.sync(), run_dir, Path(options.export_hf), options.overwrite)
+                if signals.received and not last:
+                    interrupted = signals.received
+                    break
+            # the end of the run, or an interrupt: the state reached is always saved
+            if saved_at != trainer.step:
+                save()
+                saved_at = trainer.step
+            if options.export_hf and not interrupted:
+                export_hf(trainer.sync(), run_dir, Path(options.export_hf),
+                          options.overwrite)
+    except RunAborted:
+        aborted = True
+        raise
     finally:
         if bar is not None:
             bar.close()
-        checkpointer.close()
-        records = reporting.read_metrics(metrics_path)
-        if records:
-            reporting.plot_losses(records, plot_path,
-                                  f"{family} {options.preset} ({options.framework})")
+        checkpointer.close()  # removes an unfinished save's temporary directory
+        if not aborted:
+            records = reporting.read_metrics(metrics_path)
+            if records:
+                reporting.plot_losses(records, plot_path,
+                                      f"{family} {options.preset} ({options.framework})")
+    if interrupted:
+        raise RunInterrupted(interrupted, trainer.step, checkpointer.directory)
     return RunResult(run_dir, metrics_path, plot_path, start, trainer.step, losses)
 
 
@@ -317,6 +425,83 @@ def check_outputs(run_dir: Path, options: RunOptions) -> None:
             keep={f"the run directory ({run_flag} {run_dir})": run_dir,
                   f"the metrics file (--metrics {metrics_path})": metrics_path,
                   f"the plot (--plot {plot_path})": plot_path, **data_files})
+
+
+def _run_tokenizer(run_dir: Path, saved_run: dict):
+    """The run's ``tokenizer.json``, checked against the vocabulary of the run's model."""
+    from tokenizers import Tokenizer
+
+    path = run_dir / "tokenizer.json"
+    rundir.read_json(path, "a tokenizers tokenizer.json")  # missing, empty, not JSON
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as error:  # tokenizers raises a bare Exception
+        raise DamagedFile(path, f"not a tokenizers tokenizer ({str(error)[:200]})") from None
+    expected = saved_run["identity"]["model_config"]["vocab_size"]
+    if tokenizer.get_vocab_size() != expected:
+        raise DamagedFile(path, f"holds {tokenizer.get_vocab_size()} tokens, but the run's model "
+                                f"(run.json) has a vocabulary of {expected}: not the tokenizer "
+                                f"the run was trained with")
+    return tokenizer
+
+
+def _extension(run_dir: Path, saved_run: dict, identity: dict, options: RunOptions) -> dict:
+    """``identity`` as resumed: the run's own warm-up when the flags derived one, and more
+    ``steps`` than the run's only for the constant schedule (any other decays over the run's
+    length, so the learning rate of the steps already taken would change)."""
+    saved, now = saved_run["identity"]["train_config"], dict(identity["train_config"])
+    if not options.warmup_given and "warmup_steps" in saved:
+        now["warmup_steps"] = saved["warmup_steps"]
+    old_steps, new_steps = saved.get("steps"), now["steps"]
+    if isinstance(old_steps, int) and new_steps > old_steps and (
+            saved.get("schedule") != "constant" or now["schedule"] != "constant"):
+        raise ResumeError(
+            f"cannot extend {run_dir} from {old_steps} to {new_steps} steps: its "
+            f"{saved.get('schedule')} schedule decays over the run's {old_steps} steps, so the "
+            f"steps already taken would have had other learning rates. Start a new run (another "
+            f"--checkpoint-dir) from this run's final weights instead; only runs with --schedule "
+            f"constant can be extended (nothing was written)")
+    return {**identity, "train_config": now}
+
+
+def _resume(checkpointer, trainer, config: TrainConfig, options: RunOptions, run_dir: Path,
+            stream) -> int:
+    """Restore the newest checkpoint that is whole into ``trainer`` and return its step. A
+    damaged newer one is reported and set aside (``DIR-damaged/``), with a warning naming both
+    steps, unless ``resume_strict``, which makes it an error; none at all: step 0."""
+    damaged: list[CheckpointDamaged] = []
+    for step in reversed(checkpointer.steps()):
+        try:
+            meta = checkpointer.restore(trainer, step)
+            expected = step * config.accumulation_steps
+            if trainer.step != step:
+                raise CheckpointDamaged(step, checkpointer.path(step), f"holds the state of step "
+                                        f"{trainer.step}, not {step}")
+            if meta.get("data_position") != expected:
+                raise CheckpointDamaged(step, checkpointer.meta_path(step), f"records data "
+                                        f"position {meta.get('data_position')!r}, expected "
+                                        f"{expected}")
+        except CheckpointDamaged as error:
+            if options.resume_strict:
+                raise CheckpointDamaged(error.step, error.path, f"{error.problem} "
+                                        f"(--resume-strict: not resuming from an earlier "
+                                        f"checkpoint; nothing was changed)") from None
+            damaged.append(error)
+            continue
+        for bad in damaged:
+            moved = checkpointer.set_aside(bad.step)
+            print(f"jaxformer train: warning: checkpoint step {bad.step} is damaged ({bad}); "
+                  f"resuming from step {step}, the newest good checkpoint; step {bad.step} "
+                  f"was moved to {moved}", file=sys.stderr, flush=True)
+        print(f"resuming {run_dir} from step {step}", file=stream, flush=True)
+        return step
+    if damaged:
+        raise CheckpointDamaged(damaged[-1].step, damaged[-1].path, f"{damaged[-1].problem}; no "
+                                f"checkpoint of {checkpointer.directory} can be restored "
+                                f"(damaged: steps {sorted(d.step for d in damaged)}; nothing was "
+                                f"changed)")
+    print(f"{run_dir} has no checkpoint yet: starting from step 0", file=stream, flush=True)
+    return 0
 
 
 def export_hf(model, run_dir: Path, path: Path, overwrite: bool = False) -> None:

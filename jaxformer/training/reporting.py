@@ -17,10 +17,29 @@ EVAL_KEYS = ("eval_loss", "val_loss")
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics file (none when it does not exist)."""
+    """The records of a metrics file (none when it does not exist). A last line without its
+    newline (a write cut short by a kill) is dropped; any other line that is not a JSON record
+    with a ``step`` is a :class:`~jaxformer.training.rundir.DamagedFile` naming the line."""
+    from jaxformer.training.rundir import DamagedFile
+
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines.pop()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DamagedFile(path, f"line {number} is not valid JSON ({error})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise DamagedFile(path, f"line {number} is not a metrics record with a step")
+        records.append(record)
+    return records
 
 
 def report(record: dict, total: int, bar, progress: str, log_every: int, stream,
@@ -78,6 +97,9 @@ def save_figure(fig, path: Path) -> None:
 
     fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        fig.savefig(tmp, dpi=100)
+        os.replace(tmp, path)
+    finally:  # an exception (an interrupt included) leaves no temporary file behind
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)

@@ -19,6 +19,66 @@ class ResumeError(ValueError):
     """The run directory cannot be (re)used as asked: names the reason or every difference."""
 
 
+class DamagedFile(ValueError):
+    """A file of a run cannot be read or does not fit the run: ``"PATH: what is wrong"``."""
+
+    def __init__(self, path, problem: str):
+        self.path, self.problem = Path(path), problem
+        super().__init__(f"{path}: {problem}")
+
+
+class CheckpointDamaged(DamagedFile):
+    """A checkpoint that cannot be restored (``step``): the file and what is wrong with it."""
+
+    def __init__(self, step: int, path, problem: str):
+        self.step = step
+        super().__init__(path, problem)
+
+
+# What run.json's identity must hold (``config.run_identity``), with each value's JSON type.
+_IDENTITY_FIELDS = {"family": str, "framework": str, "data_sha256": str, "model_config": dict,
+                    "train_config": dict}
+
+
+def read_json(path: Path, what: str = "a JSON object"):
+    """The JSON object in ``path``, or a :class:`DamagedFile` naming it and the problem."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DamagedFile(path, "missing") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise DamagedFile(path, f"cannot be read ({error})") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        problem = "empty" if not text.strip() else f"not valid JSON ({error})"
+        raise DamagedFile(path, f"{problem}; expected {what}") from None
+    if not isinstance(value, dict):
+        raise DamagedFile(path, f"holds a JSON {type(value).__name__}, expected {what}")
+    return value
+
+
+def read_run(run_dir: Path) -> dict:
+    """``run.json``, validated: an object whose ``identity`` holds every field of a run."""
+    path = run_dir / "run.json"
+    run = read_json(path, "the run's identity (run.json)")
+    identity = run.get("identity")
+    if not isinstance(identity, dict):
+        raise DamagedFile(path, "has no 'identity' object")
+    for name, kind in _IDENTITY_FIELDS.items():
+        if not isinstance(identity.get(name), kind):
+            raise DamagedFile(path, f"identity.{name} is missing or not a JSON "
+                                    f"{'string' if kind is str else 'object'}")
+    vocab_size = identity["model_config"].get("vocab_size")
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
+        raise DamagedFile(path, "identity.model_config.vocab_size is missing or not an integer")
+    labels = run.get("label_names")
+    if labels is not None and not (isinstance(labels, list)
+                                   and all(isinstance(x, str) for x in labels)):
+        raise DamagedFile(path, "label_names must be a list of strings")
+    return run
+
+
 def run_directory(checkpoint_dir: str | None, family: str, preset: str) -> Path:
     """``--checkpoint-dir``, or ``runs/FAMILY-PRESET``."""
     return Path(checkpoint_dir or f"runs/{family}-{preset}")
@@ -34,9 +94,10 @@ def check_usable(run_dir: Path, resume: bool) -> None:
                           f"choose another --checkpoint-dir (nothing was overwritten)")
 
 
-def check_identity(run_dir: Path, identity: dict) -> None:
-    """Refuse to resume ``run_dir`` when its recorded identity differs from ``identity``."""
-    saved = json.loads((run_dir / "run.json").read_text())["identity"]
+def check_identity(run_dir: Path, identity: dict, saved: dict | None = None) -> None:
+    """Refuse to resume ``run_dir`` when its recorded identity (or ``saved``, that identity as
+    an extension changes it) differs from ``identity``."""
+    saved = read_run(run_dir)["identity"] if saved is None else saved
     differences = identity_differences(saved, identity)
     if differences:
         raise ResumeError(f"cannot resume {run_dir}: its run differs from this one "
@@ -54,5 +115,8 @@ def write_run(run_dir: Path, identity: dict, tokenizer, label_names: list[str] |
 def write_atomic(path: Path, text: str) -> None:
     """``text`` into ``path`` through a temporary file renamed into place."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:  # an exception (an interrupt included) leaves no temporary file behind
+        tmp.unlink(missing_ok=True)

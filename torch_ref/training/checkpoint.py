@@ -5,7 +5,14 @@ A checkpoint is ``DIR/step_<n>/`` holding ``state.pt`` (model, optimizer, torch 
 and ``meta.json``. Both are written and flushed to disk in a hidden temporary directory that is
 renamed into place when complete (a rename is atomic), so a kill at any moment leaves the previous
 checkpoints intact; unfinished temporary directories are never read and are removed by the next
-``Checkpointer`` on the directory. The last ``keep`` checkpoints are kept.
+``Checkpointer`` on the directory (and by :meth:`Checkpointer.close`). The last ``keep``
+checkpoints are kept.
+
+Only a ``step_<n>`` directory is a checkpoint, and it is validated when it is restored: a
+missing file, a ``meta.json`` that is not a JSON object, a ``state.pt`` that ``torch.load`` cannot
+read (truncated, corrupt) or whose tensors do not fit the trainer (wrong shapes) is a
+:class:`~jaxformer.training.rundir.CheckpointDamaged` naming the file and the problem;
+``set_aside(step)`` moves such a checkpoint into ``DIR-damaged/``.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import shutil
 from pathlib import Path
 
 import torch
+
+from jaxformer.training.rundir import CheckpointDamaged, read_json
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -35,16 +44,25 @@ class Checkpointer:
         self.directory = Path(directory).absolute()
         self._keep = keep
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.remove_unfinished()
+
+    def remove_unfinished(self) -> None:
+        """Delete the temporary directories of saves that never completed (a kill, an abort)."""
         for stale in self.directory.glob(".tmp-step_*"):
             shutil.rmtree(stale, ignore_errors=True)
 
+    def path(self, step: int) -> Path:
+        return self.directory / f"step_{step}"
+
+    def meta_path(self, step: int) -> Path:
+        return self.path(step) / "meta.json"
+
     def steps(self) -> list[int]:
-        steps = []
-        for path in self.directory.iterdir():
-            match = _STEP_DIR.match(path.name)
-            if match and (path / "state.pt").is_file() and (path / "meta.json").is_file():
-                steps.append(int(match.group(1)))
-        return sorted(steps)
+        """Every ``step_<n>`` directory (complete or not: :meth:`restore` tells)."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(m.group(1)) for m in map(_STEP_DIR.match, (
+            p.name for p in self.directory.iterdir() if p.is_dir())) if m)
 
     def latest_step(self) -> int | None:
         steps = self.steps()
@@ -84,13 +102,44 @@ class Checkpointer:
 
     def read_meta(self, step: int | None = None) -> dict:
         step = self._step(step)
-        return json.loads((self.directory / f"step_{step}" / "meta.json").read_text())
+        try:
+            return read_json(self.meta_path(step), "the checkpoint's meta (a JSON object)")
+        except CheckpointDamaged:
+            raise
+        except ValueError as error:  # DamagedFile: the same message, with the step
+            raise CheckpointDamaged(step, error.path, error.problem) from None
 
     def restore(self, trainer, step: int | None = None) -> dict:
         step = self._step(step)
-        state = torch.load(self.directory / f"step_{step}" / "state.pt", weights_only=False)
-        trainer.load_state_dict(state)
-        return self.read_meta(step)
+        meta = self.read_meta(step)
+        path = self.path(step) / "state.pt"
+        if not path.is_file():
+            raise CheckpointDamaged(step, path, "missing")
+        try:
+            state = torch.load(path, weights_only=False)
+        except Exception as error:  # truncated or corrupt: torch raises several kinds
+            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise CheckpointDamaged(step, path, f"cannot be read ({type(error).__name__}: "
+                                    f"{first[:200]})") from None
+        try:
+            trainer.load_state_dict(state)
+        except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as error:
+            lines = [x.strip() for x in str(error).strip().splitlines() if x.strip()]
+            detail = "; ".join(lines[1:3] if len(lines) > 1 else lines)
+            raise CheckpointDamaged(step, path, f"does not fit the model ({detail[:300]}): a "
+                                    f"checkpoint of another model?") from None
+        return meta
+
+    def set_aside(self, step: int) -> Path:
+        """Move a damaged checkpoint to ``DIR-damaged/step_<n>`` (kept for inspection) and
+        return where it went."""
+        target_dir = self.directory.with_name(f"{self.directory.name}-damaged")
+        target_dir.mkdir(parents=True, exist_ok=True)
+        target, n = target_dir / self.path(step).name, 1
+        while target.exists():
+            target, n = target_dir / f"{self.path(step).name}.{n}", n + 1
+        shutil.move(str(self.path(step)), str(target))
+        return target
 
     def close(self) -> None:
-        pass
+        self.remove_unfinished()
