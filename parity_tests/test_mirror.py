@@ -104,6 +104,10 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
         (JAX, "einsum_attention(heads_first_kv)"):
             "JAX attends (B, T, nh, hs) keys, the cache holds (B, nh, L, hs); torch is heads-first",
     },
+    "training/checkpoint.py": {
+        (JAX, "name COMMIT_MARKER"):
+            "orbax's completion marker; the torch twin writes one torch.save file atomically",
+    },
     "training/optim.py": {
         (JAX, "function scale_by_adam"):
             "optax's Adam with exact bias corrections; torch.optim.AdamW computes them in float64",
