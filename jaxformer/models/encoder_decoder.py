@@ -249,7 +249,8 @@ class Transformer(nnx.Module):
             raise ValueError("decode with a cache reads the memory's keys and values and the "
                              "source mask from the cache: pass memory=None, src_mask=None")
         T, index = tgt_ids.shape[1], cache.index
-        validate.check_cache_call("tgt_ids", tgt_ids, *cache.mask.shape, index)
+        cache_batch, cache_length = cache.mask.shape
+        validate.check_cache_call("tgt_ids", tgt_ids, cache_batch, cache_length, index)
         valid = jax.lax.dynamic_update_slice(cache.mask, jnp.asarray(tgt_mask).astype(bool),
                                              (0, index))  # (B, L)
         self_mask = cache_mask(valid, index, T)  # (B, 1, T, L)

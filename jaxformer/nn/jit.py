@@ -35,8 +35,10 @@ class Jitted:
         if method is not None and fn is not None:
             raise ValueError("give method or fn, not both")
         self.model = model
-        self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
-        graphdef = self.graphdef
+        # Two filters give exactly (graphdef, params, rest); flax types the tail as variadic.
+        graphdef, params, *others = nnx.split(model, nnx.Param, ...)
+        (rest,) = others
+        self.graphdef, self.params, self.rest = graphdef, params, rest
 
         def pure(params, rest, *args, **kwargs):
             module = nnx.merge(graphdef, params, rest)

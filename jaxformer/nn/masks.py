@@ -36,10 +36,10 @@ def causal_mask(q_len: int, k_len: int | None = None) -> jnp.ndarray:
 
 def combine_masks(*masks) -> jnp.ndarray | None:
     """Logical AND of the masks that are not None (broadcasting); None if all are None."""
-    masks = [m for m in masks if m is not None]
-    if not masks:
+    given = [m for m in masks if m is not None]
+    if not given:
         return None
-    out = masks[0]
-    for m in masks[1:]:
+    out = given[0]
+    for m in given[1:]:
         out = jnp.logical_and(out, m)
     return out

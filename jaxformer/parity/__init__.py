@@ -57,7 +57,7 @@ def run(families=None, preset: str = "tiny", seed: int = 0) -> tuple[list[Row], 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     start = time.perf_counter()
-    rows = []
+    rows: list[Row] = []
     for name in families or available_families():
         rows.extend(FAMILIES[name][1](preset, seed))
     return rows, time.perf_counter() - start

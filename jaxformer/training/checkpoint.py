@@ -19,6 +19,7 @@ another mesh, or onto one device, with the same values.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -52,7 +53,7 @@ def _from_nested(nested: dict, template):
     leaves = []
     paths, treedef = jax.tree_util.tree_flatten_with_path(template)
     for path, like in paths:
-        value = nested
+        value: Any = nested
         for entry in path:
             value = value[_path_name(entry)]
         if _is_key(like):

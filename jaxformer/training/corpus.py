@@ -117,7 +117,9 @@ def read_texts(archive_bytes: bytes) -> dict[str, str]:
                     continue
                 if not member.isfile():
                     raise CorpusError(f"archive member {member.name} is not a regular file")
-                raw = tar.extractfile(member).read()
+                handle = tar.extractfile(member)
+                assert handle is not None  # member.isfile() was checked above
+                raw = handle.read()
                 try:
                     texts[match.group(1)] = raw.decode("utf-8")
                 except UnicodeDecodeError as error:

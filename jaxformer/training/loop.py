@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from jaxformer import frameworks
 from jaxformer.training import data, reporting, rundir, tasks, vocab
@@ -60,7 +61,7 @@ class RunOptions:
     compile: bool = False
     export_hf: str | None = None
     mesh: str | None = None  # "data=2,fsdp=2,tensor=2": train sharded (jaxformer.sharding)
-    stream: object = field(default=None, repr=False)  # plain progress lines (default stdout)
+    stream: TextIO | None = field(default=None, repr=False)  # plain progress lines (default stdout)
 
     def check(self) -> None:
         rules = [(self.framework in FRAMEWORKS, "framework", f"one of {FRAMEWORKS}"),

@@ -11,16 +11,20 @@ frameworks. The model is put in eval mode (no dropout) and left there.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from jaxformer import validate
 from jaxformer.nn.jit import jitted
 from jaxformer.training.data import sample_context
 
+if TYPE_CHECKING:
+    from jaxformer.models.gpt import GPT
 
-def greedy_sample(model: nnx.Module, prompt_ids, length: int) -> np.ndarray:
+
+def greedy_sample(model: GPT, prompt_ids, length: int) -> np.ndarray:
     """The ``length`` ids a GPT appends greedily to ``prompt_ids`` (1-D ids), as int32."""
     config = model.config
     prompt = np.asarray(prompt_ids).reshape(-1)
