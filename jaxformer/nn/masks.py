@@ -1,19 +1,18 @@
-"""Attention masks. Convention (DESIGN.md): boolean ``[batch, 1, q_len, k_len]``, True = may attend.
+"""Attention masks for every family: boolean ``[batch, 1, q_len, k_len]``, True = may attend.
 
-This is the convention of ``jax.nn.dot_product_attention`` and of torch SDPA's boolean mask. The
-public input is a Hugging Face style ``attention_mask`` of shape ``[batch, seq]`` with 1/True for
-a real token. Masks are combined with logical AND; ``None`` means "attend everywhere".
-
-A query row whose keys are all masked gets every score replaced by the same ``MASK_VALUE``
-(``jaxformer.numerics``), so its softmax is uniform and its output is the mean of all value
-vectors: finite, and identical in both frameworks. Such rows carry no meaning; compare them only
-in tests about padded rows. Twin: ``torch_ref/nn/masks.py``.
+That is the convention of ``jax.nn.dot_product_attention`` and of torch SDPA's boolean mask; the
+public input is a Hugging Face style ``attention_mask`` ``[batch, seq]``, 1/True for a real token.
+Masks are combined with logical AND; ``None`` means "attend everywhere". Twin:
+``torch_ref/nn/masks.py``.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
+# A query row whose keys are all masked gets every score replaced by the same MASK_VALUE, so its
+# softmax is uniform and its output is the mean of all value vectors: finite, and identical in
+# both frameworks. Such rows carry no meaning; compare them only in tests about padded rows.
 from jaxformer.numerics import MASK_VALUE  # noqa: F401  (re-exported: the masks' fill value)
 
 

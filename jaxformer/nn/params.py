@@ -41,8 +41,9 @@ class Embed(nnx.Embed):
     a row counted from the end (-1 reads the last row, a valid-looking vector); here every id
     outside ``[0, num_embeddings)``, negative included, reads as a row of NaN, which spreads to
     everything that depends on it. Outside ``jit`` the models refuse such ids before computing
-    (``jaxformer.validate``), as torch's ``nn.Embedding`` does; :func:`jaxformer.nn.checked`
-    turns the NaN into an error inside ``jit``.
+    (``jaxformer.validate``), as torch's ``nn.Embedding`` does;
+    :func:`jaxformer.nn.jit.jitted` with ``checked=True`` turns the NaN into an error inside
+    ``jit``.
     """
 
     def __call__(self, inputs):

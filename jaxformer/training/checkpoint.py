@@ -1,7 +1,7 @@
 """Training checkpoints with orbax. Twin: ``torch_ref/training/checkpoint.py``.
 
 A checkpoint is ``DIR/<step>/`` holding ``state`` (the parameters, the optimizer state, the RNG
-state of the model's ``nnx.Rngs`` and the step: everything :meth:`TrainStep.state_dict` returns)
+state of the model's ``nnx.Rngs`` and the step: everything :meth:`jaxformer.training.step.TrainStep.state_dict` returns)
 and ``meta`` (JSON: the data position, the run identity ``--resume`` checks, what the loop needs).
 orbax writes each checkpoint into a temporary directory and renames it when complete, so a kill at
 any moment, during a save included, leaves the previous checkpoints intact and the half-written
