@@ -1,7 +1,8 @@
 """Rows of the parity table and their bounds, including the float64 reference for jit vs eager.
 
 Forward outputs: max abs diff <= 1e-5 x max(1, max |expected|) (the project's tolerance table,
-docs/design.md), over the rows that carry meaning. The jit-vs-eager bound is below, with the measurements it rests on.
+docs/design.md), over the rows that carry meaning. The jit-vs-eager bound is below, with the
+measurements it rests on.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
-"""Training checkpoints with orbax. Twin: ``torch_ref/training/checkpoint.py``.
-
-A checkpoint is ``DIR/<step>/`` holding ``state`` (the parameters, the optimizer state, the RNG
-state of the model's ``nnx.Rngs`` and the step: everything :meth:`jaxformer.training.step.TrainStep.state_dict` returns)
-and ``meta`` (JSON: the data position, the run identity ``--resume`` checks, what the loop needs).
-orbax writes each checkpoint into a temporary directory and renames it when complete, so a kill at
-any moment, during a save included, leaves the previous checkpoints intact and the half-written
-one invisible; it keeps the last ``keep`` checkpoints.
-
-The state is stored as nested dictionaries named by the tree paths (typed PRNG keys as their raw
-``uint32`` data) and restored into the structure of a live ``TrainStep``, so the file layout does
-not depend on how optax or flax represent their trees.
-
-Arrays are saved sharded, as they lie (each process writes its own pieces), and restored with
-the shardings of the live trainer's state: a checkpoint saved under one mesh restores under
-another mesh, or onto one device, with the same values.
+"""Training checkpoints with orbax: :class:`Checkpointer` saves a ``TrainStep``'s whole state with
+the loop's meta and restores it, safe against a kill at any moment and across meshes. Twin:
+``torch_ref/training/checkpoint.py``.
 """
 
 from __future__ import annotations
@@ -36,6 +23,9 @@ def _path_name(entry) -> str:
     raise TypeError(f"unexpected tree path entry {entry!r}")
 
 
+# The state is stored as nested dictionaries named by the tree paths (typed PRNG keys as their raw
+# ``uint32`` data) and restored into the structure of a live ``TrainStep``, so the file layout does
+# not depend on how optax or flax represent their trees.
 def _to_nested(tree) -> dict:
     """``{"a": {"b": array}}`` named by the tree paths; PRNG keys as their raw data."""
     out: dict = {}
@@ -64,7 +54,20 @@ def _from_nested(nested: dict, template):
 
 class Checkpointer:
     """``save(trainer, meta)`` at ``trainer.step``; ``restore(trainer)`` loads the latest (or
-    ``step``) into the trainer and returns its meta; ``read_meta`` needs no trainer."""
+    ``step``) into the trainer and returns its meta; ``read_meta`` needs no trainer.
+
+    A checkpoint is ``DIR/<step>/`` holding ``state`` (the parameters, the optimizer state, the RNG
+    state of the model's ``nnx.Rngs`` and the step: everything
+    :meth:`jaxformer.training.step.TrainStep.state_dict` returns) and ``meta`` (JSON: the data
+    position, the run identity ``--resume`` checks, what the loop needs). orbax writes each
+    checkpoint into a temporary directory and renames it when complete, so a kill at any moment,
+    during a save included, leaves the previous checkpoints intact and the half-written one
+    invisible; it keeps the last ``keep`` checkpoints.
+
+    Arrays are saved sharded, as they lie (each process writes its own pieces), and restored with
+    the shardings of the live trainer's state: a checkpoint saved under one mesh restores under
+    another mesh, or onto one device, with the same values.
+    """
 
     def __init__(self, directory, keep: int = 3):
         if keep < 1:

@@ -1,11 +1,5 @@
 """Twin of ``jaxformer/training/checkpoint.py``: the same interface and guarantees for the torch
 step, with ``torch.save``.
-
-A checkpoint is ``DIR/step_<n>/`` holding ``state.pt`` (model, optimizer, torch RNG state, step)
-and ``meta.json``. Both are written and flushed to disk in a hidden temporary directory that is
-renamed into place when complete (a rename is atomic), so a kill at any moment leaves the previous
-checkpoints intact; unfinished temporary directories are never read and are removed by the next
-``Checkpointer`` on the directory. The last ``keep`` checkpoints are kept.
 """
 
 from __future__ import annotations
@@ -29,6 +23,13 @@ def _write(path: Path, payload: bytes) -> None:
 
 
 class Checkpointer:
+    """A checkpoint is ``DIR/step_<n>/`` holding ``state.pt`` (model, optimizer, torch RNG state,
+    step) and ``meta.json``. Both are written and flushed to disk in a hidden temporary directory
+    that is renamed into place when complete (a rename is atomic), so a kill at any moment leaves
+    the previous checkpoints intact; unfinished temporary directories are never read and are
+    removed by the next ``Checkpointer`` on the directory. The last ``keep`` checkpoints are kept.
+    """
+
     def __init__(self, directory, keep: int = 3):
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
