@@ -1,9 +1,12 @@
 """Compiling a model call: split once, jit a pure function, carry the state (:class:`Jitted`,
 :func:`jitted`). ``nnx.jit`` walks the module graph in Python on every call; this is the fast
-idiom, used by the parity job, generation and the benchmarks.
+idiom, used by the parity job, embeddings, sampling and the benchmarks.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import jax
 from flax import nnx
@@ -30,8 +33,8 @@ class Jitted:
     inside the compiled program.
     """
 
-    def __init__(self, model: nnx.Module, method: str | None = None, *, fn=None,
-                 checked: bool = False):
+    def __init__(self, model: nnx.Module, method: str | None = None, *,
+                 fn: Callable[..., Any] | None = None, checked: bool = False):
         if method is not None and fn is not None:
             raise ValueError("give method or fn, not both")
         self.model = model

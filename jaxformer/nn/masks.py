@@ -8,6 +8,7 @@ Masks are combined with logical AND; ``None`` means "attend everywhere". Twin:
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 # A query row whose keys are all masked gets every score replaced by the same MASK_VALUE, so its
@@ -33,7 +34,7 @@ def causal_mask(q_len: int, k_len: int | None = None) -> jnp.ndarray:
     return jnp.tril(jnp.ones((q_len, k_len), dtype=bool), k=k_len - q_len)[None, None]
 
 
-def combine_masks(*masks) -> jnp.ndarray | None:
+def combine_masks(*masks: jax.Array | None) -> jnp.ndarray | None:
     """Logical AND of the masks that are not None (broadcasting); None if all are None."""
     given = [m for m in masks if m is not None]
     if not given:

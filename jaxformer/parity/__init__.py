@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 
@@ -39,7 +39,8 @@ def available_families() -> list[str]:
             if importlib.util.find_spec(module) is not None]
 
 
-def run(families=None, preset: str = "tiny", seed: int = 0) -> tuple[list[Row], float]:
+def run(families: Sequence[str] | None = None, preset: str = "tiny",
+        seed: int = 0) -> tuple[list[Row], float]:
     """All rows for ``families`` (default: every available one) and the seconds it took.
 
     Each family builds its torch_ref twin from a seed, moves the weights into the NNX model with

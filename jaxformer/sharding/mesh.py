@@ -129,7 +129,8 @@ def shard_model(model, mesh: jax.sharding.Mesh):
     return model
 
 
-def batch_sharding(mesh: jax.sharding.Mesh, shape, batch_axis: int = 0) -> NamedSharding:
+def batch_sharding(mesh: jax.sharding.Mesh, shape: tuple[int, ...],
+                   batch_axis: int = 0) -> NamedSharding:
     names: list[str | None] = [None] * len(shape)
     names[batch_axis] = "batch"
     return NamedSharding(mesh, logical_spec(names, shape, mesh.shape))

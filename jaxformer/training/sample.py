@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 
 from jaxformer import validate
 from jaxformer.nn.jit import jitted
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from jaxformer.models.gpt import GPT
 
 
-def greedy_sample(model: GPT, prompt_ids, length: int) -> np.ndarray:
+def greedy_sample(model: GPT, prompt_ids: npt.ArrayLike, length: int) -> np.ndarray:
     """The ``length`` ids a GPT appends greedily to ``prompt_ids`` (1-D ids), as int32.
 
     A host loop over the full forward pass, one token per call: nanoGPT's ``generate`` with

@@ -28,14 +28,14 @@ if TYPE_CHECKING:
     from jaxformer.models.gpt import GPT
 
     # The models of the tasks in ``training.tasks``: nnx Modules that keep their ``config``.
-    TrainableModel = BertForPreTraining | BertForSequenceClassification | GPT | Transformer
+    _TrainableModel = BertForPreTraining | BertForSequenceClassification | GPT | Transformer
 
 # task key -> the model class it trains (``task.model`` of ``jaxformer.<task.model_module>``)
 MODELS = {name: getattr(importlib.import_module(f"jaxformer.{task.model_module}"), task.model)
           for name, task in tasks.TASKS.items()}
 
 
-def build_model(family: str, model_config, seed: int) -> TrainableModel:
+def build_model(family: str, model_config, seed: int) -> _TrainableModel:
     """The model task ``family`` trains, initialised from ``seed`` (weights and dropout keys)."""
     graphdef, initialize = _initializer(family, model_config)
     return nnx.merge(graphdef, initialize(np.uint32(seed)))
@@ -88,7 +88,8 @@ class TrainStep:
     order of float32 sums. ``mesh`` None: one device.
     """
 
-    def __init__(self, family: str, model: TrainableModel, config: TrainConfig, mesh=None):
+    def __init__(self, family: str, model: _TrainableModel, config: TrainConfig,
+                 mesh: jax.sharding.Mesh | None = None):
         self.family, self.config, self.model, self.mesh = family, config, model, mesh
         self.task = tasks.get(family)
         if mesh is not None:
