@@ -115,7 +115,7 @@ def main(argv=None) -> int:
         mask = np.ones_like(ids)
         tids, tmask = (torch.tensor(a, device=bench.tdev) for a in (ids, mask))
 
-        def candidates(new: int) -> dict:
+        def candidates(new: int, ids=ids, mask=mask, tids=tids, tmask=tmask) -> dict:
             def run_jax():
                 return np.asarray(jax_generate(jax_model, ids, mask, max_new_tokens=new))
 

@@ -235,15 +235,14 @@ def test_encoder_decoder_empty_sequences_are_refused(framework, src_len, tgt_len
     config = TransformerConfig.tiny()
     src, tgt = np.ones((2, src_len), np.int64), np.ones((2, tgt_len), np.int64)
     torch_model, jax_model = twin_pair(ted.Transformer, jed.Transformer, config)
+    if framework == "torch":
+        model, src_in, tgt_in = torch_model, torch.as_tensor(src), torch.as_tensor(tgt)
+    else:
+        model, src_in, tgt_in = jax_model, jnp.asarray(src), jnp.asarray(tgt)
     with pytest.raises(ValueError, match=rf"{name} has sequence length 0"):
-        if framework == "torch":
-            torch_model(torch.as_tensor(src), torch.as_tensor(tgt))
-        else:
-            jax_model(jnp.asarray(src), jnp.asarray(tgt))
+        model(src_in, tgt_in)
     if src_len == 0:
         memory = np.zeros((2, 0, config.hidden_size), np.float32)
+        memory_in = torch.as_tensor(memory) if framework == "torch" else jnp.asarray(memory)
         with pytest.raises(ValueError, match="memory has source length 0"):
-            if framework == "torch":
-                torch_model.decode(torch.as_tensor(tgt), torch.as_tensor(memory))
-            else:
-                jax_model.decode(jnp.asarray(tgt), jnp.asarray(memory))
+            model.decode(tgt_in, memory_in)

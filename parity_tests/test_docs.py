@@ -228,13 +228,7 @@ ALIASES = {"nn": ("torch.nn", "flax.nnx")}
 
 # Pointers in files this branch does not own, wrong today; each is fixed by its owner. A listed
 # pointer that resolves (or is no longer written) fails too: remove it here.
-PENDING: dict[tuple[str, str], str] = {
-    ("jaxformer/nn/params.py", "jaxformer.nn.checked"):
-        "the checked mode is jaxformer.nn.jit.jitted(model, checked=True)",
-    ("jaxformer/nn/stack.py", "map"): "module docstring: write :meth:`LayerStack.map`",
-    ("jaxformer/training/checkpoint.py", "TrainStep.state_dict"):
-        "write jaxformer.training.step.TrainStep.state_dict",
-}
+PENDING: dict[tuple[str, str], str] = {}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,9 @@ def test_base_preset_every_family_passes(capsys):
     report = json.loads(capsys.readouterr().out)
     failed = [f"{r['family']}: {r['component']} {r['max_abs_diff']:.3e} > {r['bound']:.1e}"
               for r in report["rows"] if not r["pass"]]
-    assert code == 0 and report["passed"] and not failed, "\n".join(failed)
+    assert not failed, "\n".join(failed)
+    assert report["passed"], "\n".join(failed)
+    assert code == 0, "\n".join(failed)
     assert {r["family"] for r in report["rows"]} == set(parity.available_families())
     for family in parity.available_families():
         components = [r["component"] for r in report["rows"] if r["family"] == family]

@@ -1,9 +1,10 @@
 """Sharding: the mesh, the rule table, and training over 8 devices and over two processes.
 
 The suite's process runs JAX on one CPU device, so the 8-device cases run in one subprocess
-(``tools/sharding_worker.py``) and the two-process case through ``python -m jaxformer.sharding launch``
-(two processes of 4 devices, joined by JAX's distributed runtime), bounded in time, leaving no
-process behind. DESIGN.md: sharded vs one device, losses equal to 1e-5 relative over 20 steps.
+(``tools/sharding_worker.py``) and the two-process case through
+``python -m jaxformer.sharding launch`` (two processes of 4 devices, joined by JAX's distributed
+runtime), bounded in time, leaving no process behind. The tolerance (docs/design.md): sharded vs
+one device, losses equal to 1e-5 relative over 20 steps.
 """
 
 from __future__ import annotations

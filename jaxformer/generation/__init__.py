@@ -1,7 +1,8 @@
 """Generation with a KV cache: greedy, sampling and beam search. Twin: ``torch_ref.generation``.
 
-``generate`` and ``stream`` are loaded on first use (the models import ``checks``, the
-framework-free part, and ``decoding`` imports the models).
+``generate`` and ``stream`` are loaded on first use: ``torch_ref.generation`` imports
+``checks``, the framework-free part, and should not pull in ``decoding``, which imports the
+JAX models.
 """
 
 from __future__ import annotations

@@ -146,8 +146,9 @@ def check_prompt(input_ids, attention_mask, *, vocab_size: int, max_positions: i
     validate.check_ids(name, input_ids, vocab_size)
     validate.check_attention_mask(mask_name, attention_mask, name, input_ids)
     if attention_mask is not None:
-        real = validate.host_values(attention_mask).astype(bool).sum(axis=1)
-        if (real == 0).any():
+        values = validate.host_values(attention_mask)
+        real = None if values is None else values.astype(bool).sum(axis=1)
+        if real is not None and (real == 0).any():
             rows = np.flatnonzero(real == 0).tolist()
             raise ValueError(f"{mask_name} row(s) {rows} hold only padding: each prompt needs at "
                              f"least one real token")
@@ -218,7 +219,7 @@ MIX2 = 0xC2B2AE35
 MASK32 = 0xFFFFFFFF
 
 
-def fmix32(h: np.ndarray) -> np.ndarray:
+def fmix32(h: np.ndarray | np.unsignedinteger) -> np.ndarray:
     h = np.asarray(h, dtype=np.uint64) & MASK32
     h ^= h >> 16
     h = (h * MIX1) & MASK32

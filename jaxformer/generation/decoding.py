@@ -1,37 +1,6 @@
-"""``generate`` and ``stream`` for GPT and the encoder-decoder. Twin:
-``torch_ref/generation/decoding.py``.
-
-What Hugging Face ``generate`` users can rely on (it is followed where it defines the
-behaviour):
-
-- processors, with ``do_sample=True`` only, in the order temperature -> top-k -> top-p; top-k
-  keeps ties with the k-th score; top-p keeps the smallest set of most likely tokens whose
-  probability exceeds ``top_p`` and never removes the best token; beam methods keep at least
-  ``len(eos) + 1`` tokens. Beam search applies them to log-probabilities, as HF does.
-- beam scores: sum of the log-probabilities of the generated tokens divided by
-  ``generated_length ** length_penalty``; ``early_stopping`` False (HF's heuristic: stop when the
-  best running beam, scored at the current length, cannot beat the worst finished one), True
-  (stop as soon as ``num_beams`` hypotheses are finished) or ``"never"`` (the same heuristic at
-  the best length a running beam could reach: ``max_new_tokens`` when ``length_penalty > 0``).
-- eos: a row that produced one is finished; later positions hold ``pad_token_id`` (``eos`` when
-  no pad token is given). The result ends when every row is finished: ``[batch, prompt +
-  generated]`` for GPT (the prompt included, as HF returns for decoder-only models), ``[batch,
-  1 + generated]`` target ids (starting with ``decoder_start_token_id``) for the encoder-decoder.
-- GPT prompts are left-padded (the mask's 0s first); positions count real tokens, as HF's
-  ``generate`` computes them from the mask.
-
-Where it differs, on purpose:
-
-- ``top_k`` defaults to 0 (off); HF's ``GenerationConfig`` defaults to 50.
-- the random numbers: HF samples with ``torch.multinomial``; here the tokens are the Gumbel-max
-  of the processed scores with counter-based uniforms (``checks.uniforms``), so the same
-  ``seed`` gives the same tokens in jaxformer and torch_ref (not HF's tokens; the same
-  distribution).
-- beam search fills finished hypotheses with ``pad_token_id``; HF fills them with eos when
-  ``pad_token_id`` is 0 (its ``pad_token_id or eos_token_id[0]``).
-- a prompt with padding after real tokens is continued from its last real token (HF continues
-  from the last column and warns); the padding stays inside the returned row.
-- only these arguments; bad values raise ``ValueError`` before anything runs.
+"""``generate`` and ``stream`` for GPT and the encoder-decoder: greedy, sampling and beam search
+with a KV cache, each one compiled program, following Hugging Face ``generate`` where it defines
+the behaviour. Twin: ``torch_ref/generation/decoding.py``.
 """
 
 from __future__ import annotations
@@ -94,14 +63,46 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens, do_sample
              temperature=1.0, top_k=0, top_p=1.0, num_beams=1, length_penalty=1.0,
              early_stopping=False, eos_token_id=None, pad_token_id=None, seed=0,
              decoder_start_token_id=None, streamer=None):
-    """Generate with a KV cache in one compiled program (see the module doc for the semantics).
+    """Generate with a KV cache in one compiled program (the semantics are below).
 
     ``model`` is a ``GPT`` (``input_ids`` = the prompt, ``[batch, seq]``, left-padded with
     ``attention_mask``) or a ``Transformer`` (``input_ids`` = the source, ``attention_mask`` its
     mask, default from ``src_pad_id``; ``decoder_start_token_id`` required). Put the model in eval
     mode first. ``eos_token_id`` is an id or a list of ids. ``streamer``, a callable, receives each
     step's new tokens (a numpy ``[batch]`` array) as they are produced (``num_beams=1`` only).
-    Returns int32 token ids (see the module doc for the shape).
+    Returns int32 token ids (the shape is under eos below).
+
+    What Hugging Face ``generate`` users can rely on (it is followed where it defines the
+    behaviour):
+
+    - processors, with ``do_sample=True`` only, in the order temperature -> top-k -> top-p; top-k
+      keeps ties with the k-th score; top-p keeps the smallest set of most likely tokens whose
+      probability exceeds ``top_p`` and never removes the best token; beam methods keep at least
+      ``len(eos) + 1`` tokens. Beam search applies them to log-probabilities, as HF does.
+    - beam scores: sum of the log-probabilities of the generated tokens divided by
+      ``generated_length ** length_penalty``; ``early_stopping`` False (HF's heuristic: stop when
+      the best running beam, scored at the current length, cannot beat the worst finished one), True
+      (stop as soon as ``num_beams`` hypotheses are finished) or ``"never"`` (the same heuristic at
+      the best length a running beam could reach: ``max_new_tokens`` when ``length_penalty > 0``).
+    - eos: a row that produced one is finished; later positions hold ``pad_token_id`` (``eos`` when
+      no pad token is given). The result ends when every row is finished: ``[batch, prompt +
+      generated]`` for GPT (the prompt included, as HF returns for decoder-only models), ``[batch, 1
+      + generated]`` target ids (starting with ``decoder_start_token_id``) for the encoder-decoder.
+    - GPT prompts are left-padded (the mask's 0s first); positions count real tokens, as HF's
+      ``generate`` computes them from the mask.
+
+    Where it differs, on purpose:
+
+    - ``top_k`` defaults to 0 (off); HF's ``GenerationConfig`` defaults to 50.
+    - the random numbers: HF samples with ``torch.multinomial``; here the tokens are the Gumbel-max
+      of the processed scores with counter-based uniforms (``checks.uniforms``), so the same
+      ``seed`` gives the same tokens in jaxformer and torch_ref (not HF's tokens; the same
+      distribution).
+    - beam search fills finished hypotheses with ``pad_token_id``; HF fills them with eos when
+      ``pad_token_id`` is 0 (its ``pad_token_id or eos_token_id[0]``).
+    - a prompt with padding after real tokens is continued from its last real token (HF continues
+      from the last column and warns); the padding stays inside the returned row.
+    - only these arguments; bad values raise ``ValueError`` before anything runs.
     """
     if not isinstance(model, (GPT, Transformer)):
         raise TypeError(f"generate needs a GPT or an encoder-decoder Transformer, got "

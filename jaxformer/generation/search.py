@@ -8,7 +8,9 @@ step and stops when Hugging Face's loop would. Beam search carries one ``BeamSta
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -23,11 +25,11 @@ NEG = -1.0e9  # Hugging Face's "very large negative" in the beam bookkeeping
 
 # Host callbacks the compiled loop calls, by id: the id is a traced argument, so one compiled
 # program serves every stream (a callable cannot be traced, and a static one would recompile).
-_STREAMERS: dict[int, object] = {}
+_STREAMERS: dict[int, Callable[[np.ndarray], object]] = {}
 _stream_ids = itertools.count(1)
 
 
-def _register(callback) -> int:
+def _register(callback: Callable[[np.ndarray], object]) -> int:
     stream_id = next(_stream_ids)
     _STREAMERS[stream_id] = callback
     return stream_id
@@ -187,7 +189,7 @@ def beam(step_fn, logits, cache, prompt, options: checks.Options, values):
     def body(state: BeamState) -> BeamState:
         last = _column(state.running_sequences, P + state.step - 1).reshape(B * nb)
         logits, cache = step_fn(last, state.cache)
-        return select(state.replace(cache=cache), logits)
+        return select(dataclasses.replace(state, cache=cache), logits)
 
     start = jnp.full((B, nb, width), values["pad_token_id"], jnp.int32)
     start = start.at[:, :, :P].set(prompt[:, None, :])

@@ -1,5 +1,4 @@
 """BERT (Devlin et al., 2018) in Flax NNX: seeds 000, 001 and 003.
-
 Twin: ``torch_ref/models/bert.py``.
 
 Embeddings (token + segment + learned position, LayerNorm, dropout) -> a stack of post-LN

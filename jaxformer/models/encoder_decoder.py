@@ -68,7 +68,7 @@ class TransformerEmbeddings(nnx.Module):
             table = sinusoidal_table(self.max_position_embeddings, x.shape[-1])
             if position_ids is None:
                 x = x + jnp.asarray(table[:T], x.dtype)[None]  # positions 0 .. T-1
-            else:  # a position past the table reads NaN, as Embed does (DESIGN.md)
+            else:  # a position past the table reads NaN, never a plausible row, as Embed does
                 x = x + jnp.take(jnp.asarray(table, x.dtype), position_ids, axis=0, mode="fill",
                                  fill_value=jnp.nan)[None]
         return self.dropout(x)
@@ -169,11 +169,11 @@ class Transformer(nnx.Module):
     With ``share_embeddings`` both sides read ``shared_embeddings``; with ``tie_word_embeddings``
     the logits use the target token table, else ``output_projection``.
 
-    Fixed bugs of seed 002 (see DESIGN.md): full ``C -> C`` query/key/value projections instead of a
-    shared per-head ``Linear(head_dim, head_dim)``; softmax over keys and scaling by sqrt(head_dim)
-    (``nn/attention.py``); positions index the table instead of being added to it; dropout on the
-    decoder's sub-layer output, not its residual input; the target self-attention mask is causal AND
-    target padding (the seed's ignored padding).
+    Bugs of the seed-002 implementation fixed here: full ``C -> C`` query/key/value projections
+    instead of a shared per-head ``Linear(head_dim, head_dim)``; softmax over keys and scaling by
+    sqrt(head_dim) (``nn/attention.py``); positions index the table instead of being added to it;
+    dropout on the decoder's sub-layer output, not its residual input; the target self-attention
+    mask is causal AND target padding (the seed ignored padding).
 
     Masks: the public ``src_mask`` / ``tgt_mask`` are ``[batch, seq]`` 1/0 (1 = real token), built
     from ``config.src_pad_id`` / ``config.tgt_pad_id`` when not given. Inside they become boolean
@@ -249,7 +249,8 @@ class Transformer(nnx.Module):
             raise ValueError("decode with a cache reads the memory's keys and values and the "
                              "source mask from the cache: pass memory=None, src_mask=None")
         T, index = tgt_ids.shape[1], cache.index
-        validate.check_cache_call("tgt_ids", tgt_ids, *cache.mask.shape, index)
+        cache_batch, cache_length = cache.mask.shape
+        validate.check_cache_call("tgt_ids", tgt_ids, cache_batch, cache_length, index)
         valid = jax.lax.dynamic_update_slice(cache.mask, jnp.asarray(tgt_mask).astype(bool),
                                              (0, index))  # (B, L)
         self_mask = cache_mask(valid, index, T)  # (B, 1, T, L)

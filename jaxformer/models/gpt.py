@@ -17,7 +17,7 @@ from jaxformer.config import GPTConfig
 from jaxformer.nn.attention import cache_mask
 from jaxformer.nn.cache import GPTCache, LayerCache
 from jaxformer.nn.layers import TransformerBlock
-from jaxformer.nn.masks import causal_mask, combine_masks, padding_mask
+from jaxformer.nn.masks import causal_mask, padding_mask
 from jaxformer.nn.params import embedding, layer_norm, linear
 from jaxformer.nn.stack import LayerStack
 from jaxformer.sharding import constrain
@@ -29,10 +29,12 @@ def position_ids_from_mask(attention_mask) -> jnp.ndarray:
     return jnp.where(mask, jnp.cumsum(mask, axis=-1, dtype=jnp.int32) - 1, 0)
 
 
-def attention_mask_4d(attention_mask, seq_len: int) -> jnp.ndarray:
+def attention_mask_4d(attention_mask: jax.typing.ArrayLike | None, seq_len: int) -> jnp.ndarray:
     """Causal AND padding: boolean ``(B or 1, 1, T, T)``, True = may attend."""
-    padding = None if attention_mask is None else padding_mask(attention_mask)  # (B, 1, 1, T)
-    return combine_masks(causal_mask(seq_len), padding)
+    causal = causal_mask(seq_len)
+    if attention_mask is None:
+        return causal
+    return jnp.logical_and(causal, padding_mask(attention_mask))  # padding: (B, 1, 1, T)
 
 
 class GPTEmbeddings(nnx.Module):
@@ -119,7 +121,8 @@ class GPT(nnx.Module):
 
     def _cached_hidden_states(self, input_ids, attention_mask, cache: GPTCache):
         (B, T), index = input_ids.shape, cache.index
-        validate.check_cache_call("input_ids", input_ids, *cache.mask.shape, index)
+        cache_batch, cache_length = cache.mask.shape
+        validate.check_cache_call("input_ids", input_ids, cache_batch, cache_length, index)
         new = (jnp.ones((B, T), bool) if attention_mask is None
                else jnp.asarray(attention_mask).astype(bool))
         counts = jnp.cumsum(new, axis=-1, dtype=jnp.int32)

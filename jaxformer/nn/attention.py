@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +20,9 @@ from jaxformer.nn.params import linear
 from jaxformer.numerics import MASK_VALUE
 
 
-def fused_attention(q, k, v, mask, dropout, *, implementation: str):
+def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None,
+                    dropout: nnx.Dropout | None, *,
+                    implementation: Literal["xla", "cudnn"]) -> jax.Array:
     """``jax.nn.dot_product_attention`` (``"xla"``, or ``"cudnn"`` flash attention on GPU)."""
     if dropout is not None:
         raise ValueError(f"attention implementation {implementation!r} cannot apply dropout; "
@@ -42,7 +46,7 @@ def einsum_attention(q, k, v, mask, dropout, *, heads_first_kv: bool = False):
 
 
 # config.attention_implementation -> function; "auto" is resolved in `attention`.
-IMPLEMENTATIONS = {
+IMPLEMENTATIONS: dict[str, Callable[..., jax.Array]] = {
     "xla": functools.partial(fused_attention, implementation="xla"),
     "cudnn": functools.partial(fused_attention, implementation="cudnn"),
     "einsum": einsum_attention,

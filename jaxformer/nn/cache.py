@@ -74,4 +74,5 @@ def map_rows(cache: GPTCache | Seq2SeqCache, fn: Callable) -> GPTCache | Seq2Seq
     layer_axis = 0 if isinstance(cache.layers, tuple) else 1
     rows = {field.name: fn(getattr(cache, field.name), 0) for field in dataclasses.fields(cache)
             if field.name not in ("layers", "index")}
-    return cache.replace(layers=jax.tree.map(lambda x: fn(x, layer_axis), cache.layers), **rows)
+    layers = jax.tree.map(lambda x: fn(x, layer_axis), cache.layers)
+    return dataclasses.replace(cache, layers=layers, **rows)

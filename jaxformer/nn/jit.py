@@ -1,19 +1,12 @@
-"""Compiling a model call: split once, jit a pure function, carry the state.
-
-``nnx.jit`` walks the module graph in Python on every call; the fast idiom is ``nnx.split`` once
-and a ``jax.jit``-ed pure function of the state. Done naively it has a trap: in train mode the
-dropout RNG counters live in the state, and a pure function that does not return them is fed the
-same counters on every call, so every call draws the *same* dropout mask. :class:`Jitted` returns
-the state from the compiled call and keeps it, so each call draws fresh masks, exactly as eager
-calls of the module would.
-
-``checked=True`` runs the call under ``jax.experimental.checkify`` with index checks: a token,
-segment or position id outside its table (which the models turn into NaN rows under ``jit``, see
-``jaxformer.nn.params.Embed``) then raises ``checkify.JaxRuntimeError`` naming the lookup,
-inside the compiled program.
+"""Compiling a model call: split once, jit a pure function, carry the state (:class:`Jitted`,
+:func:`jitted`). ``nnx.jit`` walks the module graph in Python on every call; this is the fast
+idiom, used by the parity job, embeddings, sampling and the benchmarks.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import jax
 from flax import nnx
@@ -28,15 +21,27 @@ class Jitted:
     loss). Parameters go in and are not returned (returning them would make XLA write a copy of
     every weight on every call); the rest of the state (RNG counters in train mode) is returned
     and kept in ``self.rest``. :meth:`sync` writes it back into the module.
+
+    Why the state is returned: in train mode the dropout RNG counters live in the state, and a
+    pure function that does not return them is fed the same counters on every call, so every call
+    would draw the *same* dropout mask. Keeping the returned state makes each call draw fresh
+    masks, exactly as eager calls of the module would.
+
+    ``checked=True`` runs the call under ``jax.experimental.checkify`` with index checks: a token,
+    segment or position id outside its table (which the models turn into NaN rows under ``jit``,
+    see ``jaxformer.nn.params.Embed``) then raises ``checkify.JaxRuntimeError`` naming the lookup,
+    inside the compiled program.
     """
 
-    def __init__(self, model: nnx.Module, method: str | None = None, *, fn=None,
-                 checked: bool = False):
+    def __init__(self, model: nnx.Module, method: str | None = None, *,
+                 fn: Callable[..., Any] | None = None, checked: bool = False):
         if method is not None and fn is not None:
             raise ValueError("give method or fn, not both")
         self.model = model
-        self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
-        graphdef = self.graphdef
+        # Two filters give exactly (graphdef, params, rest); flax types the tail as variadic.
+        graphdef, params, *others = nnx.split(model, nnx.Param, ...)
+        (rest,) = others
+        self.graphdef, self.params, self.rest = graphdef, params, rest
 
         def pure(params, rest, *args, **kwargs):
             module = nnx.merge(graphdef, params, rest)

@@ -1,19 +1,19 @@
-"""Attention masks. Convention (DESIGN.md): boolean ``[batch, 1, q_len, k_len]``, True = may attend.
+"""Attention masks for every family: boolean ``[batch, 1, q_len, k_len]``, True = may attend.
 
-This is the convention of ``jax.nn.dot_product_attention`` and of torch SDPA's boolean mask. The
-public input is a Hugging Face style ``attention_mask`` of shape ``[batch, seq]`` with 1/True for
-a real token. Masks are combined with logical AND; ``None`` means "attend everywhere".
-
-A query row whose keys are all masked gets every score replaced by the same ``MASK_VALUE``
-(``jaxformer.numerics``), so its softmax is uniform and its output is the mean of all value
-vectors: finite, and identical in both frameworks. Such rows carry no meaning; compare them only
-in tests about padded rows. Twin: ``torch_ref/nn/masks.py``.
+That is the convention of ``jax.nn.dot_product_attention`` and of torch SDPA's boolean mask; the
+public input is a Hugging Face style ``attention_mask`` ``[batch, seq]``, 1/True for a real token.
+Masks are combined with logical AND; ``None`` means "attend everywhere". Twin:
+``torch_ref/nn/masks.py``.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
+# A query row whose keys are all masked gets every score replaced by the same MASK_VALUE, so its
+# softmax is uniform and its output is the mean of all value vectors: finite, and identical in
+# both frameworks. Such rows carry no meaning; compare them only in tests about padded rows.
 from jaxformer.numerics import MASK_VALUE  # noqa: F401  (re-exported: the masks' fill value)
 
 
@@ -34,12 +34,12 @@ def causal_mask(q_len: int, k_len: int | None = None) -> jnp.ndarray:
     return jnp.tril(jnp.ones((q_len, k_len), dtype=bool), k=k_len - q_len)[None, None]
 
 
-def combine_masks(*masks) -> jnp.ndarray | None:
+def combine_masks(*masks: jax.Array | None) -> jnp.ndarray | None:
     """Logical AND of the masks that are not None (broadcasting); None if all are None."""
-    masks = [m for m in masks if m is not None]
-    if not masks:
+    given = [m for m in masks if m is not None]
+    if not given:
         return None
-    out = masks[0]
-    for m in masks[1:]:
+    out = given[0]
+    for m in given[1:]:
         out = jnp.logical_and(out, m)
     return out

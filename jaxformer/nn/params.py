@@ -1,13 +1,7 @@
 """Parameter factories: every weight of every family is created here, with the initialiser the
 torch twin uses (N(0, initializer_range) kernels and embeddings, zero biases, unit LayerNorm
-scales), the compute ``dtype`` and the storage ``param_dtype`` of the config.
-Twin: ``torch_ref/nn/params.py``.
-
-Each weight also gets its logical axis names here, at creation (``names``: one per axis, e.g.
-``("embed", "mlp")`` for a kernel ``(hidden, intermediate)``), stored as flax's ``out_sharding``
-metadata. ``jaxformer.sharding`` maps them to mesh axes through one rule table when a model is
-placed on a mesh; without a mesh they change nothing. ``eager_sharding`` is off so that a model
-can be built with no mesh at all: placement is a separate, explicit step.
+scales), the compute ``dtype`` and the storage ``param_dtype`` of the config, and its logical axis
+names. Twin: ``torch_ref/nn/params.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +13,14 @@ from jaxformer.sharding import constrain
 
 
 def _names(names: tuple) -> dict:
-    """Variable metadata holding logical axis names (see the module doc)."""
+    """Variable metadata holding logical axis names.
+
+    Each weight gets its names at creation (``names``: one per axis, e.g. ``("embed", "mlp")`` for
+    a kernel ``(hidden, intermediate)``), stored as flax's ``out_sharding`` metadata.
+    ``jaxformer.sharding`` maps them to mesh axes through one rule table when a model is placed on
+    a mesh; without a mesh they change nothing. ``eager_sharding`` is off so that a model can be
+    built with no mesh at all: placement is a separate, explicit step.
+    """
     return {"out_sharding": tuple(names), "eager_sharding": False}
 
 
@@ -41,8 +42,9 @@ class Embed(nnx.Embed):
     a row counted from the end (-1 reads the last row, a valid-looking vector); here every id
     outside ``[0, num_embeddings)``, negative included, reads as a row of NaN, which spreads to
     everything that depends on it. Outside ``jit`` the models refuse such ids before computing
-    (``jaxformer.validate``), as torch's ``nn.Embedding`` does; :func:`jaxformer.nn.checked`
-    turns the NaN into an error inside ``jit``.
+    (``jaxformer.validate``), as torch's ``nn.Embedding`` does;
+    :func:`jaxformer.nn.jit.jitted` with ``checked=True`` turns the NaN into an error inside
+    ``jit``.
     """
 
     def __call__(self, inputs):

@@ -59,7 +59,7 @@ class LayerStack(nnx.Module):
 
     A KV cache (``nn/cache.py``) is per layer: a tuple of per-layer caches when unrolled, one cache
     whose arrays have a leading layer axis when scanned (scanned alongside the parameters).
-    :meth:`map` builds either from a function of one block.
+    :meth:`LayerStack.map` builds either from a function of one block.
 
     Rematerialisation (``config.remat``): each block's forward runs under ``nnx.remat`` with the
     policy of :data:`REMAT_POLICIES`, so its activations are recomputed in the backward pass

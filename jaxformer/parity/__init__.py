@@ -1,24 +1,14 @@
-"""The main job: every family, built in both frameworks with the same seeded weights, compared.
+"""The main job (``jaxformer parity``): every family, built in both frameworks with the same
+seeded weights, compared component by component and as a whole, jitted and against float64.
 
-Each family builds its torch_ref twin from a seed, moves the weights into the NNX model with
-``jaxformer.checkpoints.convert``, feeds both the same inputs (with padding), and compares every
-component and the full model (``families``). Only rows that carry meaning are compared (padded
-query rows are not). The full model is also run jitted (``jaxformer.nn.jit.jitted``) and, as the
-exact reference, in float64 (the torch twin cast to float64), so each float32 evaluation's own
-rounding error is measured.
-
-Bounds (``compare``), relative to the output's scale ``max(1, max |output|)``: 1e-5 for every
-component and every float32 evaluation against float64 (DESIGN.md); for jit against eager,
-DESIGN.md's 1e-6, or twice the float32 error that torch_ref and eager jaxformer show against
-float64 where that is larger (at full size it is; the reasoning and the measurements are in
-``compare``).
+The families are built in ``families``; the rows and their bounds are in ``compare``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 
@@ -49,15 +39,30 @@ def available_families() -> list[str]:
             if importlib.util.find_spec(module) is not None]
 
 
-def run(families=None, preset: str = "tiny", seed: int = 0) -> tuple[list[Row], float]:
-    """All rows for ``families`` (default: every available one) and the seconds it took."""
+def run(families: Sequence[str] | None = None, preset: str = "tiny",
+        seed: int = 0) -> tuple[list[Row], float]:
+    """All rows for ``families`` (default: every available one) and the seconds it took.
+
+    Each family builds its torch_ref twin from a seed, moves the weights into the NNX model with
+    ``jaxformer.checkpoints.convert``, feeds both the same inputs (with padding), and compares
+    every component and the full model. Only rows that carry meaning are compared (padded query
+    rows are not). The full model is also run jitted (``jaxformer.nn.jit.jitted``) and, as the
+    exact reference, in float64 (the torch twin cast to float64), so each float32 evaluation's
+    own rounding error is measured.
+
+    Bounds (``compare``), relative to the output's scale ``max(1, max |output|)``: 1e-5 for every
+    component and every float32 evaluation against float64 (the project's tolerance table,
+    docs/design.md); for jit against eager, the table's 1e-6, or twice the float32 error that
+    torch_ref and eager jaxformer show against float64 where that is larger (at full size it is;
+    the reasoning and the measurements are in ``compare``).
+    """
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
     jax.config.update("jax_default_matmul_precision", "highest")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     start = time.perf_counter()
-    rows = []
+    rows: list[Row] = []
     for name in families or available_families():
         rows.extend(FAMILIES[name][1](preset, seed))
     return rows, time.perf_counter() - start

@@ -1,7 +1,8 @@
 """Rows of the parity table and their bounds, including the float64 reference for jit vs eager.
 
-Forward outputs: max abs diff <= 1e-5 x max(1, max |expected|) (DESIGN.md), over the rows that
-carry meaning. The jit-vs-eager bound is below, with the measurements it rests on.
+Forward outputs: max abs diff <= 1e-5 x max(1, max |expected|) (the project's tolerance table,
+docs/design.md), over the rows that carry meaning. The jit-vs-eager bound is below, with the
+measurements it rests on.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ JIT_NOISE_FACTOR = 2.0
 #   BERT-base MLM logits, seeds 0/1: eager 0.86/0.95e-6, jit 1.07/0.99e-6, jit vs eager
 #               0.95/1.06e-6; Transformer base logits: all below 0.5e-6.
 # jit is as close to float64 as eager is, and they differ from each other by as much as each
-# differs from the exact value: the 1e-6 of DESIGN.md is below float32's own error at full
+# differs from the exact value: the tolerance table's 1e-6 is below float32's own error at full
 # size, so no two correct float32 evaluations that round differently can meet it there. The gap
 # hardly grows with depth (GPT-2 width 768, 1/3/6/12/24 layers: 1.2/1.3/1.2/1.3/1.4e-6; most
 # of it is there after one block) and slowly with width (12 layers, widths 192/384/768/1536:
@@ -51,7 +52,7 @@ JIT_NOISE_FACTOR = 2.0
 # the exact result than both of them: a precision loss under jit (TF32 matmuls keep 10
 # mantissa bits, ~1e-3 relative; test_parity_job checks that bfloat16 rounding fails it) or
 # a semantic difference (mask, mode, state) fails it, while two roundings of equal quality
-# pass. At tiny sizes d is ~1e-7 and DESIGN.md's 1e-6 applies. At base size, seeds 0 to 5,
+# pass. At tiny sizes d is ~1e-7 and the tolerance table's 1e-6 applies. At base size, seeds 0 to 5,
 # every family's |jit - eager| stayed between 0.29 and 0.68 of this bound (the 0.68: GPT-2
 # logits, seed 2): correct roundings pass with a margin of at least 1.47x.
 

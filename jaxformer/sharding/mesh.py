@@ -129,15 +129,16 @@ def shard_model(model, mesh: jax.sharding.Mesh):
     return model
 
 
-def batch_sharding(mesh: jax.sharding.Mesh, shape, batch_axis: int = 0) -> NamedSharding:
-    names = [None] * len(shape)
+def batch_sharding(mesh: jax.sharding.Mesh, shape: tuple[int, ...],
+                   batch_axis: int = 0) -> NamedSharding:
+    names: list[str | None] = [None] * len(shape)
     names[batch_axis] = "batch"
     return NamedSharding(mesh, logical_spec(names, shape, mesh.shape))
 
 
 def batch_divisor(mesh: jax.sharding.Mesh) -> int:
     """How many ways the batch is split: ``data * fsdp``."""
-    return math.prod(mesh.shape[a] for a in RULES["batch"])
+    return math.prod(mesh.shape[a] for a in RULES["batch"] or ())
 
 
 def check_batch_size(micro_batch_size: int, mesh: jax.sharding.Mesh) -> None:
@@ -156,7 +157,8 @@ def shard_batch(batch: Mapping, mesh: jax.sharding.Mesh, batch_axis: int = 0) ->
     for name, host in batch.items():
         host = np.asarray(host)
         sharding = batch_sharding(mesh, host.shape, batch_axis)
-        index = sharding.addressable_devices_indices_map(host.shape).values()
+        index = [i for i in sharding.addressable_devices_indices_map(host.shape).values()
+                 if i is not None]  # None: a device holding none of the array
         rows = sorted({(s.start or 0, host.shape[batch_axis] if s.stop is None else s.stop)
                        for s in (i[batch_axis] for i in index)})
         lo, hi = rows[0][0], rows[-1][1]

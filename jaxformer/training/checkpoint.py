@@ -1,30 +1,6 @@
-"""Training checkpoints with orbax. Twin: ``torch_ref/training/checkpoint.py``.
-
-A checkpoint is ``DIR/<step>/`` holding ``state`` (the parameters, the optimizer state, the RNG
-state of the model's ``nnx.Rngs`` and the step: everything :meth:`TrainStep.state_dict` returns)
-and ``meta`` (JSON: the data position, the run identity ``--resume`` checks, what the loop needs).
-orbax writes each checkpoint into a temporary directory (``<step>.orbax-checkpoint-tmp-*``), writes
-its commit marker ``commit_success.txt`` in it and renames it to ``<step>`` when complete, so a kill
-at any moment, during a save included, leaves the previous checkpoints intact and the half-written
-one invisible; it keeps the last ``keep`` checkpoints. This module relies on that explicitly: only
-directories named by a step are checkpoints, one without its commit marker is reported as
-incomplete, never read, and unfinished temporary directories are removed by the next
-``Checkpointer`` on the directory (and by :meth:`Checkpointer.close`).
-
-Every checkpoint is validated when it is restored, and anything wrong is a
-:class:`~jaxformer.training.rundir.CheckpointDamaged` naming the file and the problem, never an
-orbax traceback: the commit marker, the meta (a JSON object), each array's shape and dtype
-against the live trainer's, and each array's CRC-32, which :meth:`Checkpointer.save` records in the
-meta (``arrays``) beside the shape and dtype (a checkpoint written before that has no CRCs and
-is restored unchecked).
-
-The state is stored as nested dictionaries named by the tree paths (typed PRNG keys as their raw
-``uint32`` data) and restored into the structure of a live ``TrainStep``, so the file layout does
-not depend on how optax or flax represent their trees.
-
-Arrays are saved sharded, as they lie (each process writes its own pieces), and restored with
-the shardings of the live trainer's state: a checkpoint saved under one mesh restores under
-another mesh, or onto one device, with the same values.
+"""Training checkpoints with orbax: :class:`Checkpointer` saves a ``TrainStep``'s whole state with
+the loop's meta and restores it, safe against a kill at any moment and across meshes. Twin:
+``torch_ref/training/checkpoint.py``.
 """
 
 from __future__ import annotations
@@ -32,6 +8,7 @@ from __future__ import annotations
 import shutil
 import zlib
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -54,6 +31,9 @@ def _path_name(entry) -> str:
     raise TypeError(f"unexpected tree path entry {entry!r}")
 
 
+# The state is stored as nested dictionaries named by the tree paths (typed PRNG keys as their raw
+# ``uint32`` data) and restored into the structure of a live ``TrainStep``, so the file layout does
+# not depend on how optax or flax represent their trees.
 def _to_nested(tree) -> dict:
     """``{"a": {"b": array}}`` named by the tree paths; PRNG keys as their raw data."""
     out: dict = {}
@@ -71,7 +51,7 @@ def _from_nested(nested: dict, template):
     leaves = []
     paths, treedef = jax.tree_util.tree_flatten_with_path(template)
     for path, like in paths:
-        value = nested
+        value: Any = nested
         for entry in path:
             value = value[_path_name(entry)]
         if _is_key(like):
@@ -104,9 +84,28 @@ def _one_line(error: Exception) -> str:
 
 class Checkpointer:
     """``save(trainer, meta)`` at ``trainer.step``; ``restore(trainer)`` loads the latest (or
-    ``step``) into the trainer and returns its meta; ``read_meta`` needs no trainer. A checkpoint
-    that cannot be read raises :class:`CheckpointDamaged`; ``set_aside(step)`` moves it out of the
-    way (into ``DIR-damaged/``) so that the run can go on from an earlier one."""
+    ``step``) into the trainer and returns its meta; ``read_meta`` needs no trainer.
+
+    A checkpoint is ``DIR/<step>/`` holding ``state`` (the parameters, the optimizer state, the RNG
+    state of the model's ``nnx.Rngs`` and the step: everything
+    :meth:`jaxformer.training.step.TrainStep.state_dict` returns) and ``meta`` (JSON: the data
+    position, the run identity ``--resume`` checks, what the loop needs). orbax writes each
+    checkpoint into a temporary directory and renames it when complete, so a kill at any moment,
+    during a save included, leaves the previous checkpoints intact and the half-written one
+    invisible; it keeps the last ``keep`` checkpoints.
+
+    Arrays are saved sharded, as they lie (each process writes its own pieces), and restored with
+    the shardings of the live trainer's state: a checkpoint saved under one mesh restores under
+    another mesh, or onto one device, with the same values.
+
+    Only directories named by a step are checkpoints: one without orbax's commit marker
+    (``commit_success.txt``, written last) is incomplete and never read, and unfinished temporary
+    directories are removed by the next ``Checkpointer`` on the directory and by :meth:`close`.
+    Every checkpoint is validated when it is restored (the commit marker; the meta, a JSON object;
+    each array's shape, dtype and CRC-32, which :meth:`save` records in the meta), and anything
+    wrong is a :class:`~jaxformer.training.rundir.CheckpointDamaged` naming the file and the
+    problem; ``set_aside(step)`` moves such a checkpoint into ``DIR-damaged/``.
+    """
 
     def __init__(self, directory, keep: int = 3):
         if keep < 1:

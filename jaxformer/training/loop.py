@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from jaxformer import frameworks, outputs
 from jaxformer.training import data, reporting, rundir, tasks, vocab
@@ -146,7 +147,7 @@ class RunOptions:
     export_hf: str | None = None
     overwrite: bool = False  # --export-hf may replace a previous export (never anything else)
     mesh: str | None = None  # "data=2,fsdp=2,tensor=2": train sharded (jaxformer.sharding)
-    stream: object = field(default=None, repr=False)  # plain progress lines (default stdout)
+    stream: TextIO | None = field(default=None, repr=False)  # plain progress lines (default stdout)
     # False when the warm-up was derived from --steps rather than given: on --resume the run's
     # own warm-up is kept (extending a run does not move it)
     warmup_given: bool = True
@@ -220,7 +221,7 @@ def prepare(config: TrainConfig, options: RunOptions):
     val_text = data.read_text(options.val_data) if options.val_data else None
     task = tasks.get(options.family)
     base = task.model_config(options.preset)
-    saved_run = rundir.read_run(run_dir) if options.resume else None
+    saved_run: dict = rundir.read_run(run_dir) if options.resume else {}
     if options.resume:
         tokenizer = _run_tokenizer(run_dir, saved_run)
     elif options.tokenizer:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -21,12 +22,20 @@ from jaxformer.training import losses, tasks
 from jaxformer.training.config import TrainConfig
 from jaxformer.training.optim import clip_by_global_norm, learning_rate, make_optimizer
 
+if TYPE_CHECKING:
+    from jaxformer.models.bert import BertForPreTraining, BertForSequenceClassification
+    from jaxformer.models.encoder_decoder import Transformer
+    from jaxformer.models.gpt import GPT
+
+    # The models of the tasks in ``training.tasks``: nnx Modules that keep their ``config``.
+    _TrainableModel = BertForPreTraining | BertForSequenceClassification | GPT | Transformer
+
 # task key -> the model class it trains (``task.model`` of ``jaxformer.<task.model_module>``)
 MODELS = {name: getattr(importlib.import_module(f"jaxformer.{task.model_module}"), task.model)
           for name, task in tasks.TASKS.items()}
 
 
-def build_model(family: str, model_config, seed: int) -> nnx.Module:
+def build_model(family: str, model_config, seed: int) -> _TrainableModel:
     """The model task ``family`` trains, initialised from ``seed`` (weights and dropout keys)."""
     graphdef, initialize = _initializer(family, model_config)
     return nnx.merge(graphdef, initialize(np.uint32(seed)))
@@ -40,7 +49,7 @@ def build_trainer(family: str, model_config, config: TrainConfig, options, weigh
     if weights is not None:
         from jaxformer.checkpoints import convert
 
-        model = convert.torch_to_nnx(weights, model)
+        convert.torch_to_nnx(weights, model)  # loads in place
     mesh = sharding.make_mesh(options.mesh) if options.mesh else None
     return TrainStep(family, model, config, mesh=mesh)
 
@@ -79,7 +88,8 @@ class TrainStep:
     order of float32 sums. ``mesh`` None: one device.
     """
 
-    def __init__(self, family: str, model: nnx.Module, config: TrainConfig, mesh=None):
+    def __init__(self, family: str, model: _TrainableModel, config: TrainConfig,
+                 mesh: jax.sharding.Mesh | None = None):
         self.family, self.config, self.model, self.mesh = family, config, model, mesh
         self.task = tasks.get(family)
         if mesh is not None:
@@ -88,13 +98,15 @@ class TrainStep:
         model.eval()
         eval_graphdef = nnx.graphdef(model)
         model.train()
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        # Two filters give exactly (graphdef, params, rest); flax types the tail as variadic.
+        graphdef, params, *others = nnx.split(model, nnx.Param, ...)
+        (rest,) = others
         # Own copies: the donated buffers must not be the ones the module still holds.
         self._params, self._rest = self._place(params), self._place(rest)
         self._tx = make_optimizer(config, self._params)
         self._opt_state = self._place(self._tx.init(self._params))
         self.step = 0
-        placement = {}
+        placement: dict[str, Any] = {}
         if mesh is not None:  # every output stays where its input was
             placement["out_shardings"] = (*(sharding.shardings(tree, mesh) for tree in (
                 self._params, self._opt_state, self._rest)), sharding.replicated(mesh))

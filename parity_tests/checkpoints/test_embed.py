@@ -93,4 +93,5 @@ def test_cli_reports_a_broken_directory_on_one_line(tmp_path, capsys, kind):
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(expected), captured.err
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(expected), captured.err

@@ -374,12 +374,12 @@ def copy_with(src, dst, config: dict | None = None, state: dict | None = None):
 def test_missing_files(tmp_path, saved_bert):
     with pytest.raises(FileNotFoundError, match="not a directory"):
         hf.from_pretrained(tmp_path / "nowhere")
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         hf.from_pretrained(tmp_path)
     only_config = tmp_path / "c"
     only_config.mkdir()
     shutil.copy(saved_bert / "config.json", only_config)
-    with pytest.raises(FileNotFoundError, match="no weights .*model.safetensors.*pytorch_model"):
+    with pytest.raises(FileNotFoundError, match=r"no weights .*model\.safetensors.*pytorch_model"):
         hf.from_pretrained(only_config)
 
 
@@ -428,11 +428,11 @@ def test_keys_and_shapes_that_do_not_fit(tmp_path, saved_bert):
     both = copy_with(saved_bert, tmp_path / "both", state={
         **state, "embeddings.word_embeddings.weight": state["bert.embeddings.word_embeddings"
                                                             ".weight"]})
-    with pytest.raises(hf.CheckpointError, match="filled more than once.*word_embeddings"):
+    with pytest.raises(hf.CheckpointError, match=r"filled more than once.*word_embeddings"):
         hf.from_pretrained(both)
     untied = copy_with(saved_bert, tmp_path / "untied", state={
         **state, "cls.predictions.decoder.weight": np.ones((99, 32), np.float32)})
-    with pytest.raises(hf.CheckpointError, match="(?s)tied weights that differ.*"
+    with pytest.raises(hf.CheckpointError, match=r"(?s)tied weights that differ.*"
                                                  "tie_word_embeddings should be false"):
         hf.from_pretrained(untied)
 
@@ -500,7 +500,7 @@ def test_export_refuses_what_huggingface_cannot_express(tmp_path):
                                      max_position_embeddings=16)
     with pytest.raises(hf.UnsupportedConfigError, match="GPT-2: it needs pre_norm=True"):
         hf.save_pretrained(tg.GPT(simple_gpt), tmp_path / "x")
-    with pytest.raises(hf.UnsupportedConfigError, match="cannot export .*Linear"):
+    with pytest.raises(hf.UnsupportedConfigError, match=r"cannot export .*Linear"):
         hf.save_pretrained(torch.nn.Linear(2, 2), tmp_path / "y")
     assert os.listdir(tmp_path) == []
 

@@ -85,7 +85,7 @@ def test_malformed_field_is_named_with_the_file(tmp_path, saved_bert, edit, matc
 
 def test_config_that_is_not_an_object(tmp_path, saved_bert):
     path = with_config(saved_bert, tmp_path / "m", lambda c: [c])
-    with pytest.raises(hf.CheckpointError, match="config.json holds a JSON list, not an object"):
+    with pytest.raises(hf.CheckpointError, match=r"config\.json holds a JSON list, not an object"):
         hf.from_pretrained(path)
 
 

@@ -112,16 +112,18 @@ def test_bfloat16_model(family):
         model.eval()
         for when, dtypes in (("built", built), ("loaded", param_dtypes(model))):
             wrong = {k: d for k, d in dtypes.items() if d != "float32"}
-            assert dtypes and not wrong, f"{dtype} model, {when}: non-float32 parameters {wrong}"
+            assert dtypes, f"{dtype} model, {when}: no parameters"
+            assert not wrong, f"{dtype} model, {when}: non-float32 parameters {wrong}"
         run = jitted(model, fn=lambda m, a: (as_tuple(m(**a)), INNER[family](m, a)))
         arrays = {k: jnp.asarray(v) for k, v in args.items()}
         outputs[dtype], inner = run(arrays)
         # Every matmul (projections, attention, output heads) takes compute-dtype operands.
         graphdef, variables = nnx.split(model)
-        jaxpr = jax.make_jaxpr(lambda st, a: nnx.merge(graphdef, st)(**a))(variables, arrays)
+        jaxpr = jax.make_jaxpr(lambda st, a, g=graphdef: nnx.merge(g, st)(**a))(variables, arrays)
         matmuls = matmul_operand_dtypes(jaxpr.jaxpr)
         off = [d for d in matmuls if set(d) != {dtype}]
-        assert matmuls and not off, f"{dtype} model: {len(off)}/{len(matmuls)} matmuls on {off}"
+        assert matmuls, f"{dtype} model: no matmuls traced"
+        assert not off, f"{dtype} model: {len(off)}/{len(matmuls)} matmuls on {off}"
         assert inner.dtype == jnp.dtype(dtype), f"{dtype} model: hidden states are {inner.dtype}"
         assert outputs[dtype][0].dtype == jnp.dtype(dtype), f"{dtype} model: first output"
     for i, (ref, f32, bf16) in enumerate(zip(reference, outputs["float32"],
@@ -224,7 +226,8 @@ def test_pure_bfloat16_trains():
                                                learning_rate=1e-2, warmup_steps=1))
     batch = {k: v[None] for k, v in inputs("gpt").items()}  # one micro-batch
     first = [step(batch)["loss"] for _ in range(8)]
-    assert all(np.isfinite(first)) and first[-1] < 0.8 * first[0], first
+    assert all(np.isfinite(first)), first
+    assert first[-1] < 0.8 * first[0], first
     wrong = {k: d for k, d in param_dtypes(step.sync()).items() if d != "bfloat16"}
     assert not wrong, f"parameters left bfloat16 after training: {wrong}"
 
@@ -243,7 +246,7 @@ def test_float16_on_cpu():
         model = jg.GPT(config, rngs=nnx.Rngs(0))
         model.eval()
         if implementation == "xla":
-            with pytest.raises(ValueError, match="float16 on CPU.*'einsum'"):
+            with pytest.raises(ValueError, match=r"float16 on CPU.*'einsum'"):
                 jitted(model)(**args)
             continue
         results[implementation] = jitted(model)(**args)

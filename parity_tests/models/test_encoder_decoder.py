@@ -386,7 +386,8 @@ def test_conversion_round_trip_bit_identical(name):
     back = convert.nnx_to_torch(jax_model)
     assert back.keys() == state.keys()
     for key, value in state.items():
-        assert back[key].dtype == value.dtype and back[key].shape == value.shape, key
+        assert back[key].dtype == value.dtype, key
+        assert back[key].shape == value.shape, key
         assert np.array_equal(back[key].view(np.uint32), value.view(np.uint32)), key
     # declared sharing and tying: the tables exist once, under the names the config implies
     assert ("shared_embeddings.weight" in state) == config.share_embeddings

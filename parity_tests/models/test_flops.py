@@ -219,7 +219,7 @@ def test_train_step_and_mfu():
     rule = 8 * 256 * (6 * n + 6 * 2 * config.num_layers * config.hidden_size * 256)
     assert flops.train_step_flops(config, 8, 256) == pytest.approx(rule, rel=0.02)
     assert flops.mfu(5e12, 1e13) == 0.5
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="peak must be a positive FLOP/s"):
         flops.mfu(1.0, 0.0)
 
 

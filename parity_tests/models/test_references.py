@@ -346,12 +346,13 @@ def encoder_decoder_reference(w, config, src, tgt, src_mask, tgt_mask, kernel):
     y = ed_embeddings(w, config, tgt, "tgt")
     for i in range(config.num_decoder_layers):
         p = f"decoder.layers.{i}"
-        y = residual(y, lambda h: multi_head(h, h, w, p + ".self_attention", self_allowed, heads,
-                                             kernel), w, p + ".self_attention_norm", config)
-        y = residual(y, lambda h: multi_head(h, memory, w, p + ".cross_attention",
-                                             key_padding(src_mask), heads, kernel),
+        y = residual(y, lambda h, p=p: multi_head(h, h, w, p + ".self_attention", self_allowed,
+                                                  heads, kernel),
+                     w, p + ".self_attention_norm", config)
+        y = residual(y, lambda h, p=p: multi_head(h, memory, w, p + ".cross_attention",
+                                                  key_padding(src_mask), heads, kernel),
                      w, p + ".cross_attention_norm", config)
-        y = residual(y, lambda h: feed_forward(h, w, p + ".feed_forward", config), w,
+        y = residual(y, lambda h, p=p: feed_forward(h, w, p + ".feed_forward", config), w,
                      p + ".ffn_norm", config)
     if config.final_layer_norm:
         y = layer_norm(y, w, "decoder.final_norm", eps)

@@ -222,7 +222,7 @@ def test_attention_mask_values_other_than_0_1_are_refused(models, family, mask_a
     mask = args[mask_arg].astype(type(value))
     mask[ROW, -1] = value
     args[mask_arg] = mask
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(ValueError, match=re.escape(f"{mask_arg} must hold only 0/1")) as error:
         call(models[family][framework], framework, args)
     # One message for every family and both frameworks, up to the argument's name.
     assert str(error.value) == (f"{mask_arg} must hold only 0/1 (or booleans), 1 for a real "

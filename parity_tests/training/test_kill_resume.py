@@ -23,7 +23,8 @@ import numpy as np
 from jaxformer.training.checkpoint import Checkpointer
 
 STEPS = 10
-WORDS = ["the", "a", "cat", "dog", "bird", "sat", "ran", "over", "under", "near", "house", "tree", "river", "red", "green", "big"]
+WORDS = ["the", "a", "cat", "dog", "bird", "sat", "ran", "over", "under", "near", "house", "tree",
+         "river", "red", "green", "big"]
 
 
 def _command(data, run_dir, *extra):

@@ -1,18 +1,5 @@
 """Twin of ``jaxformer/training/checkpoint.py``: the same interface and guarantees for the torch
 step, with ``torch.save``.
-
-A checkpoint is ``DIR/step_<n>/`` holding ``state.pt`` (model, optimizer, torch RNG state, step)
-and ``meta.json``. Both are written and flushed to disk in a hidden temporary directory that is
-renamed into place when complete (a rename is atomic), so a kill at any moment leaves the previous
-checkpoints intact; unfinished temporary directories are never read and are removed by the next
-``Checkpointer`` on the directory (and by :meth:`Checkpointer.close`). The last ``keep``
-checkpoints are kept.
-
-Only a ``step_<n>`` directory is a checkpoint, and it is validated when it is restored: a
-missing file, a ``meta.json`` that is not a JSON object, a ``state.pt`` that ``torch.load`` cannot
-read (truncated, corrupt) or whose tensors do not fit the trainer (wrong shapes) is a
-:class:`~jaxformer.training.rundir.CheckpointDamaged` naming the file and the problem;
-``set_aside(step)`` moves such a checkpoint into ``DIR-damaged/``.
 """
 
 from __future__ import annotations
@@ -38,6 +25,20 @@ def _write(path: Path, payload: bytes) -> None:
 
 
 class Checkpointer:
+    """A checkpoint is ``DIR/step_<n>/`` holding ``state.pt`` (model, optimizer, torch RNG state,
+    step) and ``meta.json``. Both are written and flushed to disk in a hidden temporary directory
+    that is renamed into place when complete (a rename is atomic), so a kill at any moment leaves
+    the previous checkpoints intact; unfinished temporary directories are never read and are
+    removed by the next ``Checkpointer`` on the directory (and by :meth:`close`). The last
+    ``keep`` checkpoints are kept.
+
+    Only a ``step_<n>`` directory is a checkpoint, and it is validated when it is restored: a
+    missing file, a ``meta.json`` that is not a JSON object, a ``state.pt`` that ``torch.load``
+    cannot read (truncated, corrupt) or whose tensors do not fit the trainer (wrong shapes) is a
+    :class:`~jaxformer.training.rundir.CheckpointDamaged` naming the file and the problem;
+    ``set_aside(step)`` moves such a checkpoint into ``DIR-damaged/``.
+    """
+
     def __init__(self, directory, keep: int = 3):
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")

@@ -77,7 +77,8 @@ def make_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.AdamW:
 
 
 def global_norm(grads) -> torch.Tensor:
-    return torch.sqrt(sum(torch.sum(torch.square(g.to(torch.promote_types(g.dtype, torch.float32)))) for g in grads))
+    return torch.sqrt(sum(
+        torch.sum(torch.square(g.to(torch.promote_types(g.dtype, torch.float32)))) for g in grads))
 
 
 @torch.no_grad()

@@ -2,8 +2,7 @@
 
 A family (`jaxformer/checkpoints/hf/bert.py`, `jaxformer/checkpoints/hf/gpt2.py`) is a
 :class:`Family`: a key table of :class:`Rule`, its architectures, its ``config.json`` mapping.
-:func:`map_checkpoint` maps checkpoint tensors onto our torch-style state_dict strictly (every key
-matched once, every shape, dtype and value checked, all problems in one :class:`CheckpointError`);
+:func:`map_checkpoint` maps checkpoint tensors onto our torch-style state_dict strictly;
 :func:`to_hf_state_dict` is the inverse, for export. Files are read and written by ``files.py``.
 """
 

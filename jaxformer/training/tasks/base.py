@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from jaxformer import validate
 from jaxformer.training.config import TrainConfig
@@ -61,7 +62,7 @@ class Task:
             raise ValueError(f"family {self.name!r} has no preset {preset!r}; choose one of "
                              f"{self.preset_names()}")
         config = getattr(self.config_class, name)()
-        changes = {}
+        changes: dict[str, Any] = {}
         if dropout is not None:
             changes.update(dropout_rate=dropout, attention_dropout_rate=dropout)
         if vocab_size is not None:
@@ -117,9 +118,11 @@ class Task:
         train, _ = self.make_datasets(text, tokenizer, config, specials, 0.0)
         held, _ = self.make_datasets(eval_text, tokenizer, config, specials, 0.0)
         held._stream = 1  # the evaluation stream: its own permutations and random draws
-        if getattr(held, "label_names", None) != getattr(train, "label_names", None):
-            raise DataError(f"the validation file's labels {held.label_names} differ from the "
-                            f"training file's {train.label_names}")
+        held_labels = getattr(held, "label_names", None)
+        train_labels = getattr(train, "label_names", None)
+        if held_labels != train_labels:
+            raise DataError(f"the validation file's labels {held_labels} differ from the "
+                            f"training file's {train_labels}")
         return train, held
 
     def make_datasets(self, text: str, tokenizer, config: TrainConfig, specials: dict,
