@@ -38,7 +38,7 @@ FRAMEWORK_FREE = ("jaxformer", "jaxformer.config", "jaxformer.validate", "jaxfor
                   "jaxformer.training.synthetic", "jaxformer.training.tasks",
                   "jaxformer.training.tasks.base", "jaxformer.training.tasks.causal_lm",
                   "jaxformer.training.tasks.bert_pretraining", "jaxformer.training.tasks.seq2seq",
-                  "jaxformer.training.tasks.classification")
+                  "jaxformer.training.tasks.classification", "jaxformer.training.rundir")
 FRAMEWORKS = ("jax", "jaxlib", "flax", "optax", "orbax", "torch")
 # Not dependencies of `pip install .`: a library import of any of them would fail for users.
 BLOCKED = ("torch", "torchvision", "transformers", "sentence_transformers")
