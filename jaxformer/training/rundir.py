@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path
 
+from jaxformer import outputs
 from jaxformer.training.config import identity_differences
 
 
@@ -120,3 +121,105 @@ def write_atomic(path: Path, text: str) -> None:
         os.replace(tmp, path)
     finally:  # an exception (an interrupt included) leaves no temporary file behind
         tmp.unlink(missing_ok=True)
+
+
+EXPORT_KIND = "hf-export"  # the outputs.MARKER kind of a --export-hf directory
+
+
+def output_paths(run_dir: Path, options) -> tuple[Path, Path]:
+    """The metrics file (``--metrics``, default ``DIR/metrics.jsonl``) and the plot (``--plot``,
+    default: the metrics path with ``.png``)."""
+    metrics_path = Path(options.metrics) if options.metrics else run_dir / "metrics.jsonl"
+    return metrics_path, Path(options.plot) if options.plot else metrics_path.with_suffix(".png")
+
+
+def _is_metrics(path: Path) -> bool:
+    """A metrics file of a run: every line a JSON object with ``step`` and ``loss``."""
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        return all(isinstance(r := json.loads(line), dict) and {"step", "loss"} <= r.keys()
+                   for line in lines)
+    except (OSError, ValueError):
+        return False
+
+
+def _is_png(path: Path) -> bool:
+    try:
+        with open(path, "rb") as file:
+            return file.read(8) == b"\x89PNG\r\n\x1a\n"
+    except OSError:
+        return False
+
+
+def check_outputs(run_dir: Path, options) -> None:
+    """Every output of the run may be written (``jaxformer.outputs``), before any work: a fresh
+    run's directory is absent or empty; its metrics and plot files are new, or, on ``--resume``,
+    the run's own (a metrics file, a PNG), which the run rewrites; neither is a file of the run
+    directory, the data, or the other; ``--export-hf`` is apart from the run directory, the
+    metrics, the plot and the data, and is new, empty, or a previous export with
+    ``--overwrite``; every directory written into is writable."""
+    run_flag = "--checkpoint-dir" if options.checkpoint_dir else "--checkpoint-dir (default)"
+    if not options.resume:
+        outputs.check_directory(run_flag, run_dir, "a jaxformer run", overwrite=False,
+                                previous=lambda d: False, replaced=False)
+    else:
+        outputs.check_writable(run_flag, run_dir)
+    metrics_path, plot_path = output_paths(run_dir, options)
+    run_files = {f"the run's {name} ({run_flag} {run_dir})": run_dir / name
+                 for name in ("run.json", "tokenizer.json", "checkpoints")}
+    data_files = {what: path for what, path in (
+        (f"the data file (--data {options.data})", options.data),
+        (f"the validation file (--val-data {options.val_data})", options.val_data))
+        if path and Path(path).is_file()}  # a directory or nothing: data.read_text says so
+    for flag, path, other, ours in (
+            ("--metrics", metrics_path, {f"the plot (--plot {plot_path})": plot_path},
+             _is_metrics),
+            ("--plot", plot_path, {f"the metrics file (--metrics {metrics_path})": metrics_path},
+             _is_png)):
+        flag = flag if getattr(options, flag[2:]) else f"{flag} (default)"
+        outputs.check_new_file(flag, path, ours=ours if options.resume else None,
+                               keep={**run_files, **data_files, **other})
+    if options.export_hf:
+        outputs.check_directory(
+            "--export-hf", options.export_hf, "a previous --export-hf export",
+            overwrite=options.overwrite, previous=outputs.has_marker(EXPORT_KIND),
+            keep={f"the run directory ({run_flag} {run_dir})": run_dir,
+                  f"the metrics file (--metrics {metrics_path})": metrics_path,
+                  f"the plot (--plot {plot_path})": plot_path, **data_files})
+
+
+def run_tokenizer(run_dir: Path, saved_run: dict):
+    """The run's ``tokenizer.json``, checked against the vocabulary of the run's model."""
+    from tokenizers import Tokenizer
+
+    path = run_dir / "tokenizer.json"
+    read_json(path, "a tokenizers tokenizer.json")  # missing, empty, not JSON
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as error:  # tokenizers raises a bare Exception
+        raise DamagedFile(path, f"not a tokenizers tokenizer ({str(error)[:200]})") from None
+    expected = saved_run["identity"]["model_config"]["vocab_size"]
+    if tokenizer.get_vocab_size() != expected:
+        raise DamagedFile(path, f"holds {tokenizer.get_vocab_size()} tokens, but the run's model "
+                                f"(run.json) has a vocabulary of {expected}: not the tokenizer "
+                                f"the run was trained with")
+    return tokenizer
+
+
+def extension(run_dir: Path, saved_run: dict, identity: dict, options) -> dict:
+    """``identity`` as resumed: the run's own warm-up when the flags derived one, and more
+    ``steps`` than the run's only for the constant schedule (any other decays over the run's
+    length, so the learning rate of the steps already taken would change)."""
+    saved, now = saved_run["identity"]["train_config"], dict(identity["train_config"])
+    if not options.warmup_given and "warmup_steps" in saved:
+        now["warmup_steps"] = saved["warmup_steps"]
+    old_steps, new_steps = saved.get("steps"), now["steps"]
+    if isinstance(old_steps, int) and new_steps > old_steps and (
+            saved.get("schedule") != "constant" or now["schedule"] != "constant"):
+        raise ResumeError(
+            f"cannot extend {run_dir} from {old_steps} to {new_steps} steps: its "
+            f"{saved.get('schedule')} schedule decays over the run's {old_steps} steps, so the "
+            f"steps already taken would have had other learning rates. Start a new run (another "
+            f"--checkpoint-dir) from this run's final weights instead; only runs with --schedule "
+            f"constant can be extended (nothing was written)")
+    return {**identity, "train_config": now}

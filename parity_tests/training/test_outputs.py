@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from jaxformer import cli, outputs
-from jaxformer.training.loop import EXPORT_KIND
+from jaxformer.training.rundir import EXPORT_KIND
 from parity_tests.support.training import write_corpus
 
 TINY = ["--family", "gpt", "--preset", "tiny", "--steps", "2", "--seq-len", "16",
