@@ -108,7 +108,14 @@ def test_scanned_equals_unrolled(family):
     (loss_u, outs_u, grads_u), (loss_s, outs_s, grads_s) = results
     for u, s in zip(outs_u, outs_s, strict=True):
         assert max_rel_diff(u, s) <= JIT_TOL
-    assert max_rel_diff(loss_u, loss_s) <= JIT_TOL
+    # The loss sums sin() over every output (1212 logits for GPT): terms of either sign cancel, so
+    # its value (17 for GPT) is far below the size of its terms, and float32 rounding of the sum
+    # is relative to the sum of their magnitudes (the condition of a sum), not to the value:
+    # GPT's differed by 2.9e-5 in one AVX-capped run of the suite (1.7e-6 of the value, 1e-6 was
+    # the bound: that failed; 4e-8 of the magnitudes) and by 0-1.1e-5 in other runs (at most 1.2e-8
+    # of the magnitudes). Held to the jit bound relative to the magnitudes.
+    magnitude = sum(float(np.abs(np.sin(np.asarray(o, np.float64))).sum()) for o in outs_u)
+    assert abs(float(loss_u) - float(loss_s)) / max(1.0, magnitude) <= JIT_TOL
     _assert_grads_close(grads_u, grads_s, GRAD_RTOL)
 
 
