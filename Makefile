@@ -28,10 +28,11 @@ parity-base: $(STAMP)
 	$(VENV)/bin/jaxformer parity --preset base
 
 # The suite in WORKERS processes (pytest-xdist): 2 halves its time on a 2-core machine, where
-# most of a test's time is one XLA compilation on one core (docs/testing.md).
+# most of a test's time is one XLA compilation on one core (docs/testing.md). Whole files per
+# worker (--dist loadfile): some tests read what an earlier test of their file wrote.
 WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(WORKERS)
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile
 
 # Every tolerance-bearing test on emulated CPUs (XLA and torch capped to AVX2, 2 cores and all),
 # listing each bound whose margin is under 2x (docs/testing.md). ISAS='default AVX' CPUS='1 all'

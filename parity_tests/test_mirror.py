@@ -68,6 +68,7 @@ JAX_ONLY = {
     "training/tasks/": "framework-free objectives (dataset, loss name, model name): both twins "
                        "select the same Task by its key",
     "training/loop.py": "one training loop that drives either framework's step",
+    "training/interrupts.py": "how `jaxformer train` answers SIGINT/SIGTERM (either framework)",
     "training/rundir.py": "the run directory of `jaxformer train` (files, no model)",
     "training/reporting.py": "metrics lines, progress and plot of `jaxformer train` (no model)",
     "training/command.py": "the `jaxformer train` command",
