@@ -24,13 +24,14 @@ FAMILIES = ("gpt", "bert", "transformer", "classifier")
 STEPS = 4
 
 
-def _run(root, family, framework="jax", tokenizer=None, **changes):
+def _run(root, family, framework="jax", tokenizer=None, val=True, **changes):
     data = write_corpus(root / "train.txt", lines=60, tabs=family == "classifier")
     val = write_corpus(root / "val.txt", lines=30, seed=1, tabs=family == "classifier")
     config = TrainConfig(**{"steps": STEPS, "batch_size": 4, "seq_len": 16, "warmup_steps": 1,
                             **({"label_smoothing": 0.1} if family == "transformer" else {}),
                             **changes})
-    options = loop.RunOptions(family=family, data=data, val_data=val, framework=framework,
+    options = loop.RunOptions(family=family, data=data, val_data=val if val else None,
+                              framework=framework,
                               tokenizer=tokenizer, checkpoint_dir=str(root / "run"),
                               checkpoint_every=2, eval_every=2, eval_batches=2,
                               progress="none", vocab_size=120)
@@ -243,7 +244,7 @@ def test_a_hugging_face_export_loads_with_its_tokenizer(runs, tmp_path, framewor
         warnings.simplefilter("ignore")
         loaded = load(tmp_path / "hf", framework=framework)
     assert (loaded.family, loaded.source, loaded.step) == ("classifier", "huggingface", None)
-    assert len(loaded.label_names) == 2
+    assert loaded.label_names == ["LABEL_0", "LABEL_1"]  # save_pretrained without label_names
     batch = inputs("classifier", loaded.config)
     assert_close(logits(result.model, "classifier", batch),
                  logits(loaded.model, "classifier", batch))
@@ -371,17 +372,26 @@ def test_eval_reports_each_familys_figures(runs, capsys):
     assert classifier["examples"] == 28
 
 
-def test_eval_of_a_char_model_reports_nats_per_character(tmp_path, capsys):
-    result = _run(tmp_path, "gpt", tokenizer="char", gpt_windows="random")
-    code, out, err = _eval(capsys, "--model", result.run_dir, "--data", _val_file(result),
+def test_eval_of_a_char_model_on_the_held_out_tenth(tmp_path, capsys):
+    """A run without --val-data evaluates on the data file's last tenth (eval_loss); eval
+    --held-out scores the same batches. A character model reports nats per character."""
+    result = _run(tmp_path, "gpt", tokenizer="char", gpt_windows="random", val=False)
+    records = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+    logged = [r["eval_loss"] for r in records if "eval_loss" in r][-1]
+    data = result.run_dir.parent / "train.txt"
+    code, out, err = _eval(capsys, "--model", result.run_dir, "--data", data, "--held-out",
                            "--max-batches", 2)
     assert code == 0, err
     loss = float(re.search(r"^  loss +(\S+)", out, re.M).group(1))
-    assert loss == pytest.approx(_last_val_loss(result), rel=1e-5)
+    check_close(loss, logged, 1e-5, "char gpt: eval --held-out vs logged eval_loss (6 digits)")
     assert re.search(r"^  nats_per_char +\S+", out, re.M)
     assert re.search(r"^  bits_per_char +\S+", out, re.M)
+    assert not err  # the batches training scored: no note
+    code, out, err = _eval(capsys, "--model", result.run_dir, "--data", data, "--held-out")
+    assert code == 0
+    assert "pass --max-batches 2 (and no --batch-size) to score exactly those" in err
     # a character the vocabulary lacks is an error naming it
-    (tmp_path / "odd.txt").write_text("the cat sat ☃ on the tree " * 20)
+    (tmp_path / "odd.txt").write_text("the cat sat \u2603 on the tree " * 20)
     code, _, err = _eval(capsys, "--model", result.run_dir, "--data", tmp_path / "odd.txt")
     assert code == 2
     assert err.startswith("jaxformer eval: error: ")
@@ -492,3 +502,15 @@ def test_an_exported_bert_names_its_end_and_start_tokens(runs, tmp_path):
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (config["eos_token_id"], config["bos_token_id"], config["pad_token_id"]) == (
         tokenizer.sep_id, tokenizer.cls_id, tokenizer.pad_id)
+
+
+def test_an_exported_classifier_keeps_its_label_names(runs, tmp_path):
+    from transformers import BertForSequenceClassification
+
+    result = runs["classifier"]
+    loop.export_hf(result.model, result.run_dir, tmp_path / "hf")
+    assert BertForSequenceClassification.from_pretrained(tmp_path / "hf").config.id2label == {
+        0: "no", 1: "yes"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert load(tmp_path / "hf").label_names == ["no", "yes"]
