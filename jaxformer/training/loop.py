@@ -195,6 +195,9 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
     each framework's own generator, so they match only at dropout 0."""
     run_dir, identity, model_cfg, train_set, eval_set = prepare(config, options)
     config = TrainConfig(**identity["train_config"])  # resolved (an extension keeps its warm-up)
+    from jaxformer.training import config_file  # (command -> loop: imported here, not above)
+
+    config_file.write(run_dir, config, options)  # DIR/config.toml: --config runs it again
     family = options.family
     trainer, checkpointer_cls = build_trainer(family, options.framework, model_cfg, config,
                                               options)
