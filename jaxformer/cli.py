@@ -116,7 +116,7 @@ def build_parser() -> _Parser:
                         help="print the Python traceback of an error (also JAXFORMER_DEBUG=1)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     # --debug after the subcommand too; SUPPRESS keeps the top-level value when it is not given
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="print the Python traceback of an error (also JAXFORMER_DEBUG=1)")
 
