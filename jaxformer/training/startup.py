@@ -116,5 +116,5 @@ def summary_rows(family: str, options, model_cfg, config, trainer, train_set, ev
 
 
 def _vocab(model_cfg) -> int:
-    size = getattr(model_cfg, "vocab_size", None) or getattr(model_cfg, "tgt_vocab_size", 0)
-    return int(size)
+    size: int = getattr(model_cfg, "vocab_size", 0) or getattr(model_cfg, "tgt_vocab_size", 0)
+    return size
