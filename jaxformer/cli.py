@@ -15,23 +15,24 @@ from jaxformer import errors
 
 DESCRIPTION = """The jaxformer command.
 
-  jaxformer parity   builds every family in Flax NNX and in PyTorch with the same seeded weights
-                     and prints, per component, the max abs difference and its bound.
-  jaxformer embed    sentence embeddings from a Hugging Face BERT directory and their
-                     cosine-similarity matrix.
-  jaxformer train    trains a family on a text file, in JAX or with the PyTorch twin, with
-                     metrics, a loss-curve PNG and checkpoints (see docs/training.md).
-  jaxformer generate text from a Hugging Face GPT-2 directory with a KV cache: greedy, sampling
-                     or beam search, streamed as it is produced (see docs/generation.md).
-  jaxformer data     fetches a corpus (Shakespeare) and writes train.txt, val.txt split by
-                     document and manifest.json (see docs/data.md).
+  parity    builds every family in Flax NNX and in PyTorch with the same seeded weights and
+            prints, per component, the max abs difference and its bound.
+  embed     sentence embeddings from a Hugging Face BERT directory and their cosine-similarity
+            matrix.
+  train     trains a family on a text file, in JAX or with the PyTorch twin, with metrics, a
+            loss-curve PNG and checkpoints (see docs/training.md).
+  generate  text from a Hugging Face GPT-2 directory with a KV cache: greedy, sampling or beam
+            search, streamed as it is produced (see docs/generation.md).
+  data      fetches a corpus (Shakespeare) and writes train.txt, val.txt split by document and
+            manifest.json (see docs/data.md).
 
 Unknown arguments are reported with the usage of the subcommand they were given to. Errors are
 one line, `jaxformer COMMAND: error: ...`, exit status 2 for bad input, 1 for a failed run, 130
 when interrupted; --debug (or JAXFORMER_DEBUG=1) adds the Python traceback.
 
-  jaxformer train --config run.toml --steps 100   a TOML file of flags, the command line wins
   jaxformer parity --family gpt --json
+  jaxformer train --config run.toml --steps 100   # a TOML file of flags; the command line wins
+  jaxformer train --help                          # a command's flags and examples
   jaxformer --version
 """
 
@@ -44,10 +45,10 @@ component on padded inputs (padded query rows are not compared). Each full model
 and, as the exact reference, in float64 (the torch twin cast to float64).
 
 Each row says which two things it compares (column "compared"):
-  jaxformer vs torch_ref   the component in Flax NNX against its PyTorch twin, float32
-  X vs float64             a float32 evaluation X (torch_ref, jaxformer, jaxformer jit) against
-                           the float64 run
-  jit vs eager             jaxformer under jax.jit against jaxformer run op by op
+  "jaxformer vs torch_ref"  the component in Flax NNX against its PyTorch twin, float32
+  "X vs float64"            a float32 evaluation X (torch_ref, jaxformer, jaxformer jit)
+                            against the float64 run
+  "jit vs eager"            jaxformer under jax.jit against jaxformer run op by op
 
 The "bound" column is absolute: with scale = max(1, max |reference output|),
   1e-5 x scale             every "jaxformer vs torch_ref" and every "vs float64" row
@@ -57,9 +58,9 @@ The "bound" column is absolute: with scale = max(1, max |reference output|),
                            the exact result may be 2 x d apart)
 Exit status 1 if any row exceeds its bound, 0 otherwise.
 
-  jaxformer parity                        every family, tiny preset, a table
-  jaxformer parity --family gpt --json    one family, JSON
-  jaxformer parity --preset base          BERT-base, GPT-2 small, Transformer base
+  jaxformer parity                        # every family, tiny preset, a table
+  jaxformer parity --family gpt --json    # one family, JSON
+  jaxformer parity --preset base          # BERT-base, GPT-2 small, Transformer base
 """
 
 
