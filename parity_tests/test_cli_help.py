@@ -47,12 +47,13 @@ class Example:
         return words[1:]
 
 
-def examples_in(lines: list[str], where, help_style: bool) -> list[Example]:
-    """The examples in ``lines``; ``where(i)`` names line ``i`` (0-based)."""
+def examples_in(lines: list[str], where, help_style: bool, prompt: bool = False) -> list[Example]:
+    """The examples in ``lines``; ``where(i)`` names line ``i`` (0-based). With ``prompt`` (a
+    console block) only lines after a ``$`` prompt are commands, the rest is their output."""
     found, i = [], 0
     while i < len(lines):
         line = lines[i]
-        if not PROGRAM.match(line.strip()):
+        if not PROGRAM.match(line.strip()) or (prompt and not line.strip().startswith("$")):
             i += 1
             continue
         start, parts = i, [line.strip()]
@@ -80,10 +81,11 @@ def markdown_examples(path: Path) -> list[Example]:
         opening = FENCE.match(line)
         if inside is None and opening:
             inside, block = opening.group(1), []
+            console = line.strip()[len(inside):].strip() == "console"
         elif inside is not None and line.strip().startswith(inside):
             first = number - len(block)
             found += examples_in(block, lambda i, first=first: f"{path.relative_to(ROOT)}:"
-                                                               f"{first + i + 1}", False)
+                                                               f"{first + i + 1}", False, console)
             inside = None
         elif inside is not None:
             block.append(line)
@@ -168,6 +170,8 @@ def test_extraction_joins_and_strips():
                                           ["parity", "--json"]]
     help_ = examples_in(lines, str, help_style=True)
     assert help_[1].argv == ["parity", "--json", "--seed", "3"]
+    console = examples_in(lines, str, help_style=False, prompt=True)  # output is not a command
+    assert [e.argv[0] for e in console] == ["train"]
     assert Example("x", "JAX_NUM_CPU_DEVICES=8 jaxformer parity").argv == ["parity"]
 
 

@@ -269,12 +269,12 @@ def run(args) -> int:
     from jaxformer.training import config_file, loop
     from jaxformer.training.vocab import DataError
 
-    config_file.apply(args)  # --config FILE; a UsageError is reported by jaxformer.cli.main
+    config_file.apply(args, FLAGS)  # --config FILE; a UsageError: jaxformer.cli.main reports
     try:
         config = config_from_args(args)
         options = RunOptions(**_values(args, "run"), **_values(args, "output"),
                              warmup_given=args.warmup is not None)
-        result = loop.train(config, options)
+        result = loop.train(config, options, flags=FLAGS)  # FLAGS: to write DIR/config.toml
     except loop.RunInterrupted as error:
         command = resume_command(getattr(args, "argv", None))
         print(f"jaxformer train: interrupted ({error.signal_name}): saved step {error.step} in "

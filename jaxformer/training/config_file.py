@@ -2,8 +2,10 @@
 ``config.toml`` (CLI glue, standard library only, no twin).
 
 A key is a flag's name as typed, without the leading dashes (``seq-len = 64``, ``lr = 1e-3``,
-``scan-layers = true``); the keys and their types come from ``command.FLAGS``, the table the
-parser is built from, so the file and the command line cannot drift apart. A flag given on the
+``scan-layers = true``); the keys and their types come from the table the parser is built from
+(``jaxformer.training.command.FLAGS``, handed to each function here as ``flags``: this module
+imports neither the command nor the loop), so the file and the command line cannot drift
+apart. A flag given on the
 command line wins over the file. Unknown keys (``seq_len``, an alias such as ``eval-iters``, a
 table) and values of the wrong type are :class:`jaxformer.errors.UsageError`\\ s naming the key,
 the closest valid key or the type expected. Relative paths in the file are relative to the
@@ -50,19 +52,25 @@ class Key:
     choices: tuple | None = None
 
 
-def keys() -> dict[str, Key]:
-    """Every key a config file may hold, from ``command.FLAGS`` (first long name of each flag;
-    its other names are not keys)."""
-    from jaxformer.training import command
+Flags = list  # command.FLAGS: (group, flag names, field, argparse keywords) per flag
 
+
+def _dest(names: tuple[str, ...]) -> str:
+    """The attribute argparse stores a flag under (its first long name)."""
+    return names[0].removeprefix("--").replace("-", "_")
+
+
+def keys(flags: Flags) -> dict[str, Key]:
+    """Every key a config file may hold, one per flag of ``flags`` (its first long name; its
+    other names are not keys)."""
     table = {}
-    for group, flags, field, keywords in command.FLAGS:
+    for group, names, field, keywords in flags:
         action = keywords.get("action")
         kind = (bool if action in ("store_true", argparse.BooleanOptionalAction)
                 else keywords.get("type", str))
-        name = flags[0].removeprefix("--")
+        name = names[0].removeprefix("--")
         choices = keywords.get("choices")
-        table[name] = Key(name, flags[0], command._dest(flags), group, field, kind,
+        table[name] = Key(name, names[0], _dest(names), group, field, kind,
                           tuple(choices) if choices is not None else None)
     return table
 
@@ -85,18 +93,17 @@ def _check_value(path, key: Key, value: Any) -> Any:
     return value
 
 
-def _unknown(path, name: str, table: dict[str, Key]) -> UsageError:
-    from jaxformer.training import command
-
-    alias = next((flags[0].removeprefix("--") for _, flags, _, _ in command.FLAGS
-                  if f"--{name}" in flags[1:]), None)
+def _unknown(path, name: str, flags: Flags) -> UsageError:
+    table = keys(flags)
+    alias = next((names[0].removeprefix("--") for _, names, _, _ in flags
+                  if f"--{name}" in names[1:]), None)
     close = [alias] if alias else difflib.get_close_matches(name, list(table), n=1, cutoff=0.6)
     hint = (f"did you mean '{close[0]}'? " if close else "") + \
         "Keys are the flags' names without the leading dashes, as jaxformer train --help lists"
     return UsageError(f"--config {path}: unknown key '{name}' ({hint})")
 
 
-def load(path) -> dict[str, Any]:
+def load(path, flags: Flags) -> dict[str, Any]:
     """The checked ``{key: value}`` of the TOML file ``path``."""
     try:
         with open(path, "rb") as file:
@@ -111,51 +118,46 @@ def load(path) -> dict[str, Any]:
         raise UsageError(f"--config {path}: not valid TOML ({error})") from None
     except UnicodeDecodeError as error:
         raise UsageError(f"--config {path}: not UTF-8 text ({error})") from None
-    table = keys()
+    table = keys(flags)
     values = {}
     for name, value in raw.items():
         if name not in table:
-            raise _unknown(path, name, table)
+            raise _unknown(path, name, flags)
         values[name] = _check_value(path, table[name], value)
     return values
 
 
-def _given(argv: list[str]) -> set[str]:
+def _given(argv: list[str], flags: Flags) -> set[str]:
     """The dests of the train flags that ``argv`` (the arguments after ``train``) gives: the
     same flags parsed with every default suppressed, so only what was typed appears."""
-    from jaxformer.training import command
-
     probe = argparse.ArgumentParser(add_help=False)
-    for _, flags, _, keywords in command.FLAGS:
+    for _, names, _, keywords in flags:
         keywords = {k: v for k, v in keywords.items()
                     if k not in ("default", "required", "choices", "help", "type")}
-        probe.add_argument(*flags, dest=command._dest(flags), default=argparse.SUPPRESS,
-                           **keywords)
+        probe.add_argument(*names, dest=_dest(names), default=argparse.SUPPRESS, **keywords)
     given, _ = probe.parse_known_args(argv)
     return set(vars(given))
 
 
-def apply(args: argparse.Namespace) -> None:
+def apply(args: argparse.Namespace, flags: Flags) -> None:
     """Fill ``args`` from ``args.config`` (the flags typed win) and check that the flags the run
     needs (``--family``, ``--data``) were given on the command line or in the file."""
-    from jaxformer.training import command
-
     if getattr(args, "config", None):
         argv = list(getattr(args, "argv", None) or [])
         argv = argv[argv.index("train") + 1:] if "train" in argv else argv
-        given = _given(argv)
-        table = keys()
-        for name, value in load(args.config).items():
+        given = _given(argv, flags)
+        table = keys(flags)
+        for name, value in load(args.config, flags).items():
             if table[name].dest not in given:
                 setattr(args, table[name].dest, value)
-    missing = [flags[0] for _, flags, _, keywords in command.FLAGS
-               if keywords.get("required") and getattr(args, command._dest(flags)) is None]
+    missing = [names[0] for _, names, _, keywords in flags
+               if keywords.get("required") and getattr(args, _dest(names)) is None]
     if missing:
         raise UsageError(f"the following arguments are required: {', '.join(missing)} (on the "
                          f"command line or in --config FILE)")
 
 
-def resolved(config, options) -> dict[str, Any]:
+def resolved(config, options, flags: Flags) -> dict[str, Any]:
     """The run as config-file keys: every flag's value in the resolved ``TrainConfig`` and
     ``RunOptions`` (the task's schedule and label smoothing, the warm-up derived from the steps,
     the run directory), except flags without a value (None: the default stays the default)
@@ -163,7 +165,7 @@ def resolved(config, options) -> dict[str, Any]:
     from jaxformer.training import rundir
 
     values = {}
-    for name, key in keys().items():
+    for name, key in keys(flags).items():
         if name in NOT_WRITTEN:
             continue
         value = getattr(config if key.group == "hyper" else options, key.field)
@@ -211,7 +213,7 @@ def dumps(values: dict[str, Any], header: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(run_dir: Path, config, options) -> Path:
+def write(run_dir: Path, config, options, flags: Flags) -> Path:
     """The run's resolved configuration as ``run_dir/config.toml`` (atomically)."""
     from jaxformer.training import rundir
 
@@ -219,5 +221,5 @@ def write(run_dir: Path, config, options) -> Path:
     header = ("The resolved configuration of this run (written by jaxformer train). Run it again "
               "with\n  jaxformer train --config THIS_FILE --checkpoint-dir NEW_DIR\nor continue "
               "it with --config THIS_FILE --resume. Keys are the flags' names without dashes.")
-    rundir.write_atomic(path, dumps(resolved(config, options), header))
+    rundir.write_atomic(path, dumps(resolved(config, options, flags), header))
     return path

@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import TextIO
 
 from jaxformer import frameworks, outputs
-from jaxformer.training import data, interrupts, reporting, rundir, startup, tasks, vocab
+from jaxformer.training import (
+    config_file,
+    data,
+    interrupts,
+    reporting,
+    rundir,
+    startup,
+    tasks,
+    vocab,
+)
 from jaxformer.training.config import TrainConfig, run_identity
 from jaxformer.training.interrupts import RunAborted, RunInterrupted
 from jaxformer.training.rundir import CheckpointDamaged, DamagedFile, ResumeError
@@ -199,20 +208,22 @@ def _tokenizer_phase(options: RunOptions, run_dir: Path) -> str:
     return f"loaded from {kind}"
 
 
-def train(config: TrainConfig, options: RunOptions) -> RunResult:
+def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -> RunResult:
     """The run ``options`` describe. ``--resume`` restores the latest checkpoint, drops the
     metrics lines after it and continues; the batches are a function of the step
     (``data.Dataset``), so the resumed run sees exactly the batches the uninterrupted one would
     have. ``--framework torch`` trains the torch twin from the very weights ``--framework jax``
     starts from, so the two runs' losses can be compared step by step; dropout masks come from
-    each framework's own generator, so they match only at dropout 0."""
+    each framework's own generator, so they match only at dropout 0. Given the command's ``flags``
+    table (``command.FLAGS``), the resolved run is written to ``DIR/config.toml``
+    (``config_file``), which ``--config`` runs again.
+    """
     stream = options.stream or sys.stdout
     status = startup.Status(stream, enabled=options.progress != "none")
     run_dir, identity, model_cfg, train_set, eval_set = prepare(config, options, status)
     config = TrainConfig(**identity["train_config"])  # resolved (an extension keeps its warm-up)
-    from jaxformer.training import config_file  # (command -> loop: imported here, not above)
-
-    config_file.write(run_dir, config, options)  # DIR/config.toml: --config runs it again
+    if flags is not None:  # the command's FLAGS: DIR/config.toml, which --config runs again
+        config_file.write(run_dir, config, options, flags)
     family = options.family
     with status.phase("build", f"the {family} model and its train step ({options.framework})"):
         trainer, checkpointer_cls = build_trainer(family, options.framework, model_cfg, config,

@@ -24,6 +24,7 @@ import pytest
 from jaxformer import cli, errors
 from jaxformer.training import config_file
 from jaxformer.training.checkpoint import Checkpointer
+from jaxformer.training.command import FLAGS
 from jaxformer.training.config import TrainConfig
 from jaxformer.training.loop import RunOptions
 from parity_tests.support.training import write_corpus
@@ -66,19 +67,19 @@ def test_every_flag_has_a_key_of_its_type(tmp_path):
     """Each key loads with a value of its flag's type and refuses one of another type, naming
     the key and the type."""
     samples = {bool: True, int: 3, float: 0.5, str: "x"}
-    for name, key in config_file.keys().items():
+    for name, key in config_file.keys(FLAGS).items():
         good = key.choices[0] if key.choices else samples[key.type]
         path = write(tmp_path / f"{name}.toml", config_file.dumps({name: good}))
-        assert config_file.load(path) == {name: good}
+        assert config_file.load(path, FLAGS) == {name: good}
         wrong = [1, 2.5, "x"] if key.type is bool else [True, "x"] if key.type is not str else [3]
         for value in wrong:
             path = write(tmp_path / f"{name}.toml", config_file.dumps({name: value}))
             with pytest.raises(errors.UsageError, match=rf"key '{name}' must be "):
-                config_file.load(path)
+                config_file.load(path, FLAGS)
 
 
 def test_an_integer_is_taken_for_a_float(tmp_path):
-    loaded = config_file.load(write(tmp_path / "c.toml", "lr = 1\n"))
+    loaded = config_file.load(write(tmp_path / "c.toml", "lr = 1\n"), FLAGS)
     assert loaded == {"lr": 1.0}
     assert type(loaded["lr"]) is float
 
@@ -135,8 +136,22 @@ def _args(argv):
     parser = cli.build_parser()
     args = parser.parse_args(["train", *map(str, argv)])
     args.argv = ["train", *map(str, argv)]
-    config_file.apply(args)
+    config_file.apply(args, FLAGS)
     return args
+
+
+def test_the_documented_file_is_valid(tmp_path):
+    """The TOML example of docs/training.md loads, and with it the command parses."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
+    blocks = re.findall(r"^```toml\n(.*?)^```", doc, re.S | re.M)
+    assert len(blocks) == 1
+    path = write(tmp_path / "baby.toml", blocks[0])
+    values = config_file.load(path, FLAGS)
+    assert values["eval-batches"] == 20
+    args = _args(["--config", path, "--steps", 100])
+    assert (args.family, args.preset, args.steps, args.lr) == ("gpt", "baby", 100, 1e-3)
 
 
 def test_the_command_line_wins(tmp_path):
@@ -162,8 +177,8 @@ def test_family_and_data_are_required_somewhere(tmp_path, capsys):
 def test_resolved_holds_every_set_flag_but_the_invocations():
     config = TrainConfig(steps=9, warmup_steps=2, schedule="cosine", learning_rate=3e-4)
     options = RunOptions(family="gpt", data="d.txt", resume=True, overwrite=True, dropout=0.0)
-    values = config_file.resolved(config, options)
-    assert set(values) <= set(config_file.keys())
+    values = config_file.resolved(config, options, FLAGS)
+    assert set(values) <= set(config_file.keys(FLAGS))
     assert not set(values) & set(config_file.NOT_WRITTEN)
     assert values["checkpoint-dir"] == "runs/gpt-tiny"  # the default, resolved
     assert (values["lr"], values["warmup"], values["dropout"]) == (3e-4, 2, 0.0)
