@@ -222,8 +222,6 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
     status = startup.Status(stream, enabled=options.progress != "none")
     run_dir, identity, model_cfg, train_set, eval_set = prepare(config, options, status)
     config = TrainConfig(**identity["train_config"])  # resolved (an extension keeps its warm-up)
-    if flags is not None:  # the command's FLAGS: DIR/config.toml, which --config runs again
-        config_file.write(run_dir, config, options, flags)
     family = options.family
     with status.phase("build", f"the {family} model and its train step ({options.framework})"):
         trainer, checkpointer_cls = build_trainer(family, options.framework, model_cfg, config,
@@ -231,6 +229,8 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
     checkpointer = checkpointer_cls(run_dir / "checkpoints", keep=options.keep)
     start = _resume(checkpointer, trainer, config, options, run_dir, stream) if options.resume \
         else 0
+    if flags is not None:  # the command's FLAGS: DIR/config.toml, which --config runs again;
+        config_file.write(run_dir, config, options, flags)  # after a refused resume, untouched
     status.block(f"jaxformer train: {family} ({options.framework})", startup.summary_rows(
         family, options, model_cfg, config, trainer, train_set, eval_set, run_dir, start))
     metrics_path, plot_path = rundir.output_paths(run_dir, options)
