@@ -76,6 +76,9 @@ JAX_ONLY = {
     "training/rundir.py": "the run directory of `jaxformer train` (files, no model)",
     "training/reporting.py": "metrics lines, progress and plot of `jaxformer train` (no model)",
     "training/command.py": "the `jaxformer train` command",
+    "training/config_file.py": "`jaxformer train --config` and the run's config.toml (CLI glue)",
+    "training/startup.py": "the phase lines and summary `jaxformer train` prints (no model)",
+    "errors.py": "how the `jaxformer` command reports an error (CLI glue)",
     "generation/cli.py": "the `jaxformer generate` command (it runs either framework's generate)",
     "sharding/": "device meshes, logical-axis rules and jax.distributed: how JAX lays one "
                    "program over many devices; the torch twins run on one device, as the reference",

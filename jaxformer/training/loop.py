@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from jaxformer import frameworks, outputs
-from jaxformer.training import data, interrupts, reporting, rundir, tasks, vocab
+from jaxformer.training import (
+    config_file,
+    data,
+    interrupts,
+    reporting,
+    rundir,
+    startup,
+    tasks,
+    vocab,
+)
 from jaxformer.training.config import TrainConfig, run_identity
 from jaxformer.training.interrupts import RunAborted, RunInterrupted
 from jaxformer.training.rundir import CheckpointDamaged, DamagedFile, ResumeError
@@ -126,8 +135,10 @@ def build_trainer(family, framework, model_cfg, config, options):
     return step.build_trainer(family, model_cfg, config, options, weights), checkpointer
 
 
-def prepare(config: TrainConfig, options: RunOptions):
-    """Everything before the first step, with every refusal before anything is written."""
+def prepare(config: TrainConfig, options: RunOptions, status: startup.Status | None = None):
+    """Everything before the first step, with every refusal before anything is written;
+    ``status`` shows the tokenizer and data phases."""
+    status = status or startup.Status(enabled=False)
     options.check()
     if options.mesh:  # the mesh fits the devices and the batch, before anything is written
         from jaxformer.sharding import check_batch_size, make_mesh
@@ -144,20 +155,22 @@ def prepare(config: TrainConfig, options: RunOptions):
     task = tasks.get(options.family)
     base = task.model_config(options.preset)
     saved_run: dict = rundir.read_run(run_dir) if options.resume else {}
-    if options.resume:
-        tokenizer = rundir.run_tokenizer(run_dir, saved_run)
-    elif options.tokenizer:
-        # a character vocabulary spans both files, as nanoGPT's spans its whole corpus; learned
-        # vocabularies see the training text only
-        vocab_text = text + (val_text or "") if options.tokenizer == "char" else text
-        tokenizer = vocab.build_tokenizer(options.tokenizer, vocab_text,
-                                          options.vocab_size or task.vocab_size(base))
-    else:
-        tokenizer = vocab.wordpiece_tokenizer(text.splitlines(),
+    with status.phase("tokenizer", _tokenizer_phase(options, run_dir)):
+        if options.resume:
+            tokenizer = rundir.run_tokenizer(run_dir, saved_run)
+        elif options.tokenizer:
+            # a character vocabulary spans both files, as nanoGPT's spans its whole corpus;
+            # learned vocabularies see the training text only
+            vocab_text = text + (val_text or "") if options.tokenizer == "char" else text
+            tokenizer = vocab.build_tokenizer(options.tokenizer, vocab_text,
                                               options.vocab_size or task.vocab_size(base))
+        else:
+            tokenizer = vocab.wordpiece_tokenizer(text.splitlines(),
+                                                  options.vocab_size or task.vocab_size(base))
     eval_fraction = 0.1 if options.eval_every and val_text is None else 0.0
-    train_set, eval_set = task.build_datasets(text, tokenizer, config, eval_fraction,
-                                              eval_text=val_text)
+    with status.phase("data", f"{options.family} examples from {options.data}"):
+        train_set, eval_set = task.build_datasets(text, tokenizer, config, eval_fraction,
+                                                  eval_text=val_text)
     specials = task.special_ids(tokenizer)
     model_cfg = task.model_config(options.preset, vocab_size=tokenizer.get_vocab_size(),
                                   pad_id=specials.get("[PAD]"), num_labels=train_set.num_labels,
@@ -196,22 +209,40 @@ def _evaluation(options: RunOptions) -> dict:
             "held_out": bool(options.eval_every and not options.val_data)}
 
 
-def train(config: TrainConfig, options: RunOptions) -> RunResult:
+def _tokenizer_phase(options: RunOptions, run_dir: Path) -> str:
+    if options.resume:
+        return f"the run's {run_dir / 'tokenizer.json'}"
+    kind = options.tokenizer or "wordpiece"
+    if kind in ("char", "bpe", "wordpiece"):
+        return f"{kind}, built from {options.data}"
+    return f"loaded from {kind}"
+
+
+def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -> RunResult:
     """The run ``options`` describe. ``--resume`` restores the latest checkpoint, drops the
     metrics lines after it and continues; the batches are a function of the step
     (``data.Dataset``), so the resumed run sees exactly the batches the uninterrupted one would
     have. ``--framework torch`` trains the torch twin from the very weights ``--framework jax``
     starts from, so the two runs' losses can be compared step by step; dropout masks come from
-    each framework's own generator, so they match only at dropout 0."""
-    run_dir, identity, model_cfg, train_set, eval_set = prepare(config, options)
+    each framework's own generator, so they match only at dropout 0. Given the command's ``flags``
+    table (``command.FLAGS``), the resolved run is written to ``DIR/config.toml``
+    (``config_file``), which ``--config`` runs again.
+    """
+    stream = options.stream or sys.stdout
+    status = startup.Status(stream, enabled=options.progress != "none")
+    run_dir, identity, model_cfg, train_set, eval_set = prepare(config, options, status)
     config = TrainConfig(**identity["train_config"])  # resolved (an extension keeps its warm-up)
     family = options.family
-    trainer, checkpointer_cls = build_trainer(family, options.framework, model_cfg, config,
-                                              options)
+    with status.phase("build", f"the {family} model and its train step ({options.framework})"):
+        trainer, checkpointer_cls = build_trainer(family, options.framework, model_cfg, config,
+                                                  options)
     checkpointer = checkpointer_cls(run_dir / "checkpoints", keep=options.keep)
-    stream = options.stream or sys.stdout
     start = _resume(checkpointer, trainer, config, options, run_dir, stream) if options.resume \
         else 0
+    if flags is not None:  # the command's FLAGS: DIR/config.toml, which --config runs again;
+        config_file.write(run_dir, config, options, flags)  # after a refused resume, untouched
+    status.block(f"jaxformer train: {family} ({options.framework})", startup.summary_rows(
+        family, options, model_cfg, config, trainer, train_set, eval_set, run_dir, start))
     metrics_path, plot_path = rundir.output_paths(run_dir, options)
     kept = ([r for r in reporting.read_metrics(metrics_path) if r["step"] <= start]
             if options.resume else [])
@@ -221,11 +252,12 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
     eval_key = "val_loss" if options.val_data else "eval_loss"  # the validation file's, or not
     use_bar = options.progress == "bar" or (options.progress == "auto" and sys.stderr.isatty())
     bar = None
-    if use_bar:
+
+    def progress_bar():  # after the compile phase's line, so that the two do not mix
         from tqdm import tqdm
 
-        bar = tqdm(total=config.steps, initial=start, unit="step",
-                   desc=f"{family} ({options.framework})")
+        return tqdm(total=config.steps, initial=start, unit="step",
+                    desc=f"{family} ({options.framework})")
 
     signals = interrupts.Signals(sys.stderr, checkpointer)
 
@@ -240,7 +272,12 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
             for step in range(start, config.steps):
                 batch = train_set.update_batch(step)
                 began = time.perf_counter()
-                result = trainer(batch)
+                if step == start:  # the first update of a process compiles the step
+                    with status.phase("compile", _compile_phase(options.framework)):
+                        result = trainer(batch)
+                    bar = progress_bar() if use_bar else None
+                else:
+                    result = trainer(batch)
                 seconds = time.perf_counter() - began
                 for name in ("loss", "grad_norm"):
                     if not math.isfinite(result[name]):
@@ -294,6 +331,12 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
     model = trainer.sync()
     model.eval()
     return RunResult(run_dir, metrics_path, plot_path, start, trainer.step, losses, model)
+
+
+def _compile_phase(framework: str) -> str:
+    if framework == "jax":
+        return "the first update (XLA compiles the train step)"
+    return "the first update (eager torch: no compilation, unless --compile)"
 
 
 def _resume(checkpointer, trainer, config: TrainConfig, options: RunOptions, run_dir: Path,

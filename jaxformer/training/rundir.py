@@ -179,7 +179,7 @@ def check_outputs(run_dir: Path, options) -> None:
         outputs.check_writable(run_flag, run_dir)
     metrics_path, plot_path = output_paths(run_dir, options)
     run_files = {f"the run's {name} ({run_flag} {run_dir})": run_dir / name
-                 for name in ("run.json", "tokenizer.json", "checkpoints")}
+                 for name in ("run.json", "tokenizer.json", "config.toml", "checkpoints")}
     data_files = {what: path for what, path in (
         (f"the data file (--data {options.data})", options.data),
         (f"the validation file (--val-data {options.val_data})", options.val_data))
