@@ -158,7 +158,7 @@ def build_parser() -> _Parser:
     from jaxformer import evaluate as eval_command
 
     evaluate = commands.add_parser(
-        "eval", help="loss, perplexity and accuracies of a trained model on a text file",
+        "eval", parents=[common], help="loss, perplexity and accuracies of a trained model on a text file",
         description=eval_command.DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     eval_command.add_arguments(evaluate)
