@@ -1,6 +1,7 @@
 """The ``jaxformer`` command: the parser and dispatch of ``parity``, ``embed``, ``train``,
-``generate`` and ``data``; each subcommand's work lives in its package (``jaxformer.parity``,
-``jaxformer.embed``, ``jaxformer.training``, ``jaxformer.generation``). ``DESCRIPTION`` is the
+``generate``, ``classify``, ``fill-mask`` and ``data``; each subcommand's work lives in its
+package (``jaxformer.parity``, ``jaxformer.embed``, ``jaxformer.training``,
+``jaxformer.generation``, ``jaxformer.classify``, ``jaxformer.fill_mask``). ``DESCRIPTION`` is the
 text of ``jaxformer --help``.
 """
 
@@ -16,12 +17,17 @@ DESCRIPTION = """The jaxformer command.
 
   jaxformer parity   builds every family in Flax NNX and in PyTorch with the same seeded weights
                      and prints, per component, the max abs difference and its bound.
-  jaxformer embed    sentence embeddings from a Hugging Face BERT directory and their
-                     cosine-similarity matrix.
+  jaxformer embed    sentence embeddings from a bert/classifier run or a Hugging Face BERT
+                     directory: their cosine-similarity matrix, or a .npy / .jsonl file.
   jaxformer train    trains a family on a text file, in JAX or with the PyTorch twin, with
                      metrics, a loss-curve PNG and checkpoints (see docs/training.md).
-  jaxformer generate text from a Hugging Face GPT-2 directory with a KV cache: greedy, sampling
-                     or beam search, streamed as it is produced (see docs/generation.md).
+  jaxformer generate text from a GPT or encoder-decoder run, or a Hugging Face GPT-2 directory,
+                     with a KV cache: greedy, sampling or beam search, streamed as it is
+                     produced (see docs/generation.md).
+  jaxformer classify the label and its probability for each text, from a classifier run.
+  jaxformer fill-mask
+                     the most likely tokens for each [MASK], from a bert run or a Hugging Face
+                     BERT directory with a masked-LM head.
   jaxformer data     fetches a corpus (Shakespeare) and writes train.txt, val.txt split by
                      document and manifest.json (see docs/data.md).
 
@@ -91,8 +97,10 @@ def build_parser() -> _Parser:
 
     embed = commands.add_parser(
         "embed", help="sentence embeddings and their cosine similarities",
-        description="Embed TEXTs with a Hugging Face sentence-transformers BERT directory (mean "
-                    "pooling over real tokens) and print their cosine-similarity matrix.")
+        description="Embed TEXTs with a bert or classifier run, or a Hugging Face "
+                    "sentence-transformers BERT directory (mean pooling over real tokens unless "
+                    "its modules.json says otherwise), and print their cosine-similarity matrix "
+                    "or write them to --out FILE (.npy or .jsonl).")
     embed_module.add_arguments(embed)
     embed.set_defaults(func=embed_module.run)
 
@@ -108,11 +116,28 @@ def build_parser() -> _Parser:
     from jaxformer.generation import cli as generate_command
 
     generate = commands.add_parser(
-        "generate", help="generate text from a GPT-2 directory (JAX or the PyTorch twin)",
+        "generate", help="generate text from a GPT or encoder-decoder run or a GPT-2 directory",
         description=generate_command.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     generate_command.add_arguments(generate)
     generate.set_defaults(func=generate_command.run)
+
+    from jaxformer import classify as classify_command
+    from jaxformer import fill_mask as fill_mask_command
+
+    classify = commands.add_parser(
+        "classify", help="label and probability per text, from a classifier run",
+        description=classify_command.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    classify_command.add_arguments(classify)
+    classify.set_defaults(func=classify_command.run)
+
+    fill_mask = commands.add_parser(
+        "fill-mask", help="the most likely tokens for each [MASK], from a BERT with an MLM head",
+        description=fill_mask_command.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    fill_mask_command.add_arguments(fill_mask)
+    fill_mask.set_defaults(func=fill_mask_command.run)
 
     from jaxformer.training import corpus as data_command
 
@@ -123,7 +148,8 @@ def build_parser() -> _Parser:
     data_command.add_arguments(data)
     data.set_defaults(func=data_command.run)
     parser.subcommands = {"parity": parity, "embed": embed, "train": train,
-                          "generate": generate, "data": data}
+                          "generate": generate, "classify": classify, "fill-mask": fill_mask,
+                          "data": data}
     return parser
 
 
