@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     texts = check_flags(args)
     loaded = commands.load_model(args.model, step=args.step, framework=args.framework,
-                        families=("classifier",), command=COMMAND)
+                        families=("classifier",), command=f"jaxformer {COMMAND}")
     probabilities, names, cut = classify(loaded, texts, args.batch_size)
     if cut:
         print(f"jaxformer {COMMAND}: note: text(s) {', '.join(map(str, cut))} cut to the "

@@ -211,7 +211,8 @@ def open_encoder(path: Path, framework: str = "jax", step: int | None = None
 
     if (Path(path) / "run.json").is_file():
         return RunEncoder(commands.load_model(path, step=step, framework=framework,
-                                              families=("bert", "classifier"), command="embed"))
+                                              families=("bert", "classifier"),
+                                              command="jaxformer embed"))
     if step is not None:
         raise commands.UsageError(f"--step {step}: {path} is not a run directory (no run.json); "
                                   f"--step picks a checkpoint of a run")

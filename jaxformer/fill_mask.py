@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     texts = check_flags(args)
     loaded = commands.load_model(args.model, step=args.step, framework=args.framework,
-                        families=("bert",), command=COMMAND)
+                        families=("bert",), command=f"jaxformer {COMMAND}")
     results = fill_mask(loaded, texts, args.top_k)
     for n, (text, masks) in enumerate(zip(texts, results)):
         if args.json:

@@ -40,7 +40,8 @@ def test_class_probabilities_match(classifier):
     ids, types, mask = padded_batch(np.random.RandomState(0), [9, 4, 1], 12)
     ours = jax_inference.BertInference(jax_model).class_probabilities(ids, types, mask)
     twin = torch_inference.BertInference(torch_model).class_probabilities(ids, types, mask)
-    assert ours.shape == (3, CONFIG.num_labels) and ours.dtype == np.float32
+    assert ours.shape == (3, CONFIG.num_labels)
+    assert ours.dtype == np.float32
     np.testing.assert_allclose(ours.sum(-1), 1.0, atol=1e-6)
     assert_close(twin, ours, what="class probabilities")
     # The softmax of the model's own logits, and padding does not change a row's result.

@@ -218,6 +218,17 @@ def seq2seq_sources(rows: list[list[int]], eos: int | None, context: int,
     return [row[:keep] + end for row in rows]
 
 
+def continuation(tokenizer, prompt: list[int], new) -> str:
+    """The text ``new`` adds after ``prompt``: the decoded whole less the decoded prompt, so
+    that a tokenizer that joins words with spaces (WordPiece) separates them from the prompt;
+    ``new`` alone when the prompt's text is not a prefix of the whole."""
+    new = [int(t) for t in new]
+    if not prompt:
+        return tokenizer.decode(new)
+    head, whole = tokenizer.decode(prompt), tokenizer.decode(list(prompt) + new)
+    return whole[len(head):] if whole.startswith(head) else tokenizer.decode(new)
+
+
 def _until_eos(tokens: np.ndarray, eos: int | None) -> np.ndarray:
     """The new tokens of one row up to and including its first eos."""
     if eos is None or not (tokens == eos).any():
@@ -236,7 +247,7 @@ def _run(args: argparse.Namespace, state: dict) -> int:
     check_flags(args)
     generation = frameworks.module(args.framework, "generation")
     loaded = load_model(args.model, step=args.step, framework=args.framework,
-                        families=FAMILIES, command=COMMAND)
+                        families=FAMILIES, command=f"jaxformer {COMMAND}")
     model, tokenizer, config = loaded.model, loaded.tokenizer, loaded.model.config
     ids_of = special_ids(loaded)
     eos, pad = ids_of["eos"], ids_of["pad"]
@@ -251,21 +262,22 @@ def _run(args: argparse.Namespace, state: dict) -> int:
         ids, mask = right_pad(rows, config.src_pad_id)
         kwargs["decoder_start_token_id"] = int(ids_of["start"])
         echoed, skip = [""] * len(rows), 1  # the target starts with the start token
+        contexts: list[list[int]] = [[] for _ in rows]
     else:
         rows = crop_prompts(rows, config.max_position_embeddings, args.max_new_tokens)
         ids, mask = left_pad(rows, pad)
-        echoed, skip = list(args.prompt), ids.shape[1]
+        echoed, skip, contexts = list(args.prompt), ids.shape[1], rows
     start = time.perf_counter()
     if len(rows) == 1 and args.num_beams == 1 and not args.no_stream:
         new, first = _stream_one(generation.stream(model, ids, mask, **kwargs), tokenizer,
-                                 echoed[0], eos, start, state)
+                                 echoed[0], contexts[0], eos, start, state)
         counts = [len(new)]
     else:
         out = np.asarray(generation.generate(model, ids, mask, **kwargs))
         first = None
         found = [_until_eos(row[skip:], eos) for row in out]
-        for n, (text, row) in enumerate(zip(echoed, found)):
-            print(f"[{n}] {text}{tokenizer.decode([int(t) for t in row if t != eos])}")
+        for n, (text, context, row) in enumerate(zip(echoed, contexts, found)):
+            print(f"[{n}] {text}{continuation(tokenizer, context, [t for t in row if t != eos])}")
         counts = [len(row) for row in found]
     seconds = time.perf_counter() - start
     total = sum(counts)
@@ -279,7 +291,8 @@ def _run(args: argparse.Namespace, state: dict) -> int:
     return 0
 
 
-def _stream_one(steps, tokenizer, prompt: str, eos, start: float, state: dict):
+def _stream_one(steps, tokenizer, prompt: str, context: list[int], eos, start: float,
+                state: dict):
     """Print the prompt, then the text as each token arrives; returns (new tokens, seconds to
     the first). A token that ends inside a multi-byte character waits for the next."""
     print(prompt, end="", flush=True)
@@ -293,7 +306,7 @@ def _stream_one(steps, tokenizer, prompt: str, eos, start: float, state: dict):
         if new and new[-1] == eos:
             continue  # finished (a single row ends the stream here anyway)
         new.append(int(tokens[0]))
-        text = tokenizer.decode([t for t in new if t != eos])
+        text = continuation(tokenizer, context, [t for t in new if t != eos])
         if not text.endswith("\ufffd"):
             print(text[len(shown):], end="", flush=True)
             state["open_line"] = state["open_line"] or bool(text[len(shown):])
