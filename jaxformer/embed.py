@@ -189,14 +189,14 @@ class RunEncoder(SentenceEncoder):
         self.cls_id, self.sep_id = (commands.special_token(tokenizer, name, loaded.path)
                                     for name in ("cls", "sep"))
         self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
-        self.tokenizer = tokenizer
+        self.text_tokenizer = tokenizer
         self.inference = frameworks.module(loaded.framework, "inference").BertInference(
             self.model)
 
     def tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         from jaxformer import commands
 
-        rows = [self.tokenizer.encode(t) for t in texts]
+        rows = [self.text_tokenizer.encode(t) for t in texts]
         ids, types, mask, _ = commands.bert_inputs(rows, cls_id=self.cls_id, sep_id=self.sep_id,
                                                   pad_id=self.pad_id,
                                                   context=self.max_seq_length)
