@@ -1,7 +1,8 @@
 """The ``jaxformer`` command: the parser and dispatch of ``parity``, ``embed``, ``train``,
-``generate``, ``classify``, ``fill-mask`` and ``data``; each subcommand's work lives in its
-package (``jaxformer.parity``, ``jaxformer.embed``, ``jaxformer.training``,
-``jaxformer.generation``, ``jaxformer.classify``, ``jaxformer.fill_mask``). ``DESCRIPTION`` is the
+``eval``, ``generate``, ``classify``, ``fill-mask`` and ``data``; each subcommand's work lives
+in its package or module (``jaxformer.parity``, ``jaxformer.embed``, ``jaxformer.training``,
+``jaxformer.evaluate``, ``jaxformer.generation``, ``jaxformer.classify``,
+``jaxformer.fill_mask``). ``DESCRIPTION`` is the
 text of ``jaxformer --help``.
 """
 
@@ -21,6 +22,8 @@ DESCRIPTION = """The jaxformer command.
                      directory: their cosine-similarity matrix, or a .npy / .jsonl file.
   jaxformer train    trains a family on a text file, in JAX or with the PyTorch twin, with
                      metrics, a loss-curve PNG and checkpoints (see docs/training.md).
+  jaxformer eval     measures a trained run (or a Hugging Face directory) on a text file: loss,
+                     perplexity, the family's accuracies (see docs/workflow.md).
   jaxformer generate text from a GPT or encoder-decoder run, or a Hugging Face GPT-2 directory,
                      with a KV cache: greedy, sampling or beam search, streamed as it is
                      produced (see docs/generation.md).
@@ -113,6 +116,15 @@ def build_parser() -> _Parser:
     train_command.add_arguments(train)
     train.set_defaults(func=train_command.run)
 
+    from jaxformer import evaluate as eval_command
+
+    evaluate = commands.add_parser(
+        "eval", help="loss, perplexity and accuracies of a trained model on a text file",
+        description=eval_command.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    eval_command.add_arguments(evaluate)
+    evaluate.set_defaults(func=eval_command.run)
+
     from jaxformer.generation import cli as generate_command
 
     generate = commands.add_parser(
@@ -147,7 +159,7 @@ def build_parser() -> _Parser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     data_command.add_arguments(data)
     data.set_defaults(func=data_command.run)
-    parser.subcommands = {"parity": parity, "embed": embed, "train": train,
+    parser.subcommands = {"parity": parity, "embed": embed, "train": train, "eval": evaluate,
                           "generate": generate, "classify": classify, "fill-mask": fill_mask,
                           "data": data}
     return parser

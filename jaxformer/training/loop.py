@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from jaxformer import frameworks, outputs
 from jaxformer.training import data, interrupts, reporting, rundir, tasks, vocab
@@ -105,6 +105,7 @@ class RunResult:
     start_step: int
     final_step: int
     losses: list[float]  # of this session's steps
+    model: Any = None  # the trained model in eval mode (NNX, or torch_ref with --framework torch)
 
 
 def _hf_export(family: str) -> bool:
@@ -281,7 +282,9 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
                                       f"{family} {options.preset} ({options.framework})")
     if interrupted:
         raise RunInterrupted(interrupted, trainer.step, checkpointer.directory)
-    return RunResult(run_dir, metrics_path, plot_path, start, trainer.step, losses)
+    model = trainer.sync()
+    model.eval()
+    return RunResult(run_dir, metrics_path, plot_path, start, trainer.step, losses, model)
 
 
 def _resume(checkpointer, trainer, config: TrainConfig, options: RunOptions, run_dir: Path,
@@ -335,10 +338,13 @@ def export_hf(model, run_dir: Path, path: Path, overwrite: bool = False) -> None
     outputs.check_directory("--export-hf", path, "a previous --export-hf export",
                             overwrite=overwrite, previous=outputs.has_marker(rundir.EXPORT_KIND),
                             keep={f"the run directory ({run_dir})": run_dir})
+    from jaxformer.loading import export_token_ids
+
     files = {"tokenizer.json": (run_dir / "tokenizer.json").read_bytes()}
     marker = outputs.marker_text(rundir.EXPORT_KIND, [CONFIG, SAFETENSORS, *files])
     save_pretrained(model, path, overwrite=True,
-                    extra_files={**files, outputs.MARKER: marker.encode()})
+                    extra_files={**files, outputs.MARKER: marker.encode()},
+                    token_ids=export_token_ids(model, run_dir / "tokenizer.json"))
 
 
 def data_tokens(dataset: data.Dataset, config: TrainConfig) -> int:

@@ -70,14 +70,22 @@ def read_run(run_dir: Path) -> dict:
         if not isinstance(identity.get(name), kind):
             raise DamagedFile(path, f"identity.{name} is missing or not a JSON "
                                     f"{'string' if kind is str else 'object'}")
-    vocab_size = identity["model_config"].get("vocab_size")
+    field = vocab_field(identity["model_config"])
+    vocab_size = identity["model_config"].get(field)
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
-        raise DamagedFile(path, "identity.model_config.vocab_size is missing or not an integer")
+        raise DamagedFile(path, f"identity.model_config.{field} is missing or not an integer")
     labels = run.get("label_names")
     if labels is not None and not (isinstance(labels, list)
                                    and all(isinstance(x, str) for x in labels)):
         raise DamagedFile(path, "label_names must be a list of strings")
     return run
+
+
+def vocab_field(model_config: dict) -> str:
+    """The field of a run's model config (as run.json holds it) that the tokenizer sizes: the
+    encoder-decoder's target vocabulary (``tgt_vocab_size``; jaxformer shares one tokenizer
+    between source and target), every other family's ``vocab_size``."""
+    return "tgt_vocab_size" if "tgt_vocab_size" in model_config else "vocab_size"
 
 
 def run_directory(checkpoint_dir: str | None, family: str, preset: str) -> Path:
@@ -198,7 +206,8 @@ def run_tokenizer(run_dir: Path, saved_run: dict):
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as error:  # tokenizers raises a bare Exception
         raise DamagedFile(path, f"not a tokenizers tokenizer ({str(error)[:200]})") from None
-    expected = saved_run["identity"]["model_config"]["vocab_size"]
+    model_config = saved_run["identity"]["model_config"]
+    expected = model_config[vocab_field(model_config)]
     if tokenizer.get_vocab_size() != expected:
         raise DamagedFile(path, f"holds {tokenizer.get_vocab_size()} tokens, but the run's model "
                                 f"(run.json) has a vocabulary of {expected}: not the tokenizer "

@@ -74,7 +74,8 @@ def broken(directory, kind: str):
         config = {**hf_bert_config().to_dict(), "architectures": ["BertModel"]}
         del config["hidden_size"]
         (directory / "config.json").write_text(json.dumps(config))
-        return f"jaxformer embed: error: {directory / 'config.json'}: required field 'hidden_size' is missing"
+        return (f"jaxformer embed: error: {directory / 'config.json'}: required field "
+                f"'hidden_size' is missing")
     if kind == "config not JSON":
         (directory / "config.json").write_text("{oops")
         return f"jaxformer embed: error: {directory / 'config.json'} is not valid JSON"
