@@ -104,12 +104,12 @@ def test_long_prompts_are_cropped_to_the_context(runs, capsys):
     prompt = ("the cat sat near the river " * 4).strip()
     assert len(prompt) > context - 60
     code, out, err = generate(capsys, "--model", runs["char"], "--prompt", prompt,
-                              "--prompt", "a dog", "--max-new-tokens", 60)
+                              "--prompt", "dog", "--max-new-tokens", 60)
     assert code == 0, err
     assert len(re.findall("cropped", err)) == 1
     assert f"prompt(s) 1 cropped to their last {context - 60} tokens" in err
     code, cropped_out, _ = generate(capsys, "--model", runs["char"], "--prompt",
-                                    prompt[-(context - 60):], "--prompt", "a dog",
+                                    prompt[-(context - 60):], "--prompt", "dog",
                                     "--max-new-tokens", 60)
     assert code == 0
     full, alone = out.splitlines()[0], cropped_out.splitlines()[0]
