@@ -80,6 +80,33 @@ def test_classify_jax_and_torch_agree(runs, capsys, tmp_path):
     assert float(probability) == pytest.approx(jax_rows[0]["probability"], abs=1e-4)
 
 
+@pytest.mark.parametrize("framework", ["jax", "torch"])
+def test_classify_hf_directory_matches_transformers(tmp_path, capsys, framework):
+    import torch
+
+    from parity_tests.support.hf_models import hf_bert_config, hf_model
+
+    tokenizer = vocab.wordpiece_tokenizer([" ".join(WORDS)], 120)
+    model = hf_model("BertForSequenceClassification", hf_bert_config(
+        vocab_size=tokenizer.get_vocab_size(), pad_token_id=0, num_labels=3))
+    model.save_pretrained(tmp_path)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    texts = ["the cat sat near the tree", "bird"]
+    code, out, err = run(capsys, "classify", "--model", tmp_path, *texts, "--json",
+                         "--framework", framework)
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    for text, row in zip(texts, rows):
+        ids = [cls, *tokenizer.encode(text, add_special_tokens=False).ids, sep]
+        with torch.no_grad():
+            expected = torch.softmax(model(torch.tensor([ids])).logits[0].double(), -1).numpy()
+        assert list(row["probabilities"]) == ["LABEL_0", "LABEL_1", "LABEL_2"]  # id2label
+        assert row["label"] == f"LABEL_{int(expected.argmax())}"
+        assert_close(expected, np.array(list(row["probabilities"].values())),
+                     what="class probabilities vs transformers")
+
+
 def test_classify_refuses_another_family(runs, capsys):
     code, _, err = run(capsys, "classify", "--model", runs["gpt"], "hello")
     assert code == 2
