@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batches", type=int, metavar="N",
                         help="score at most N batches, the first N that training's evaluation "
                              "draws (default: every full batch of the file)")
+    parser.add_argument("--held-out", action="store_true",
+                        help="evaluate the last tenth of FILE, held out as training holds it "
+                             "out without --val-data (its eval_loss)")
     parser.add_argument("--seq-len", type=int, metavar="T",
                         help="tokens per example (default: the run's; a Hugging Face directory "
                              "needs it or takes min(128, its context))")
@@ -163,13 +166,20 @@ def _targets(family: str, batch: dict) -> tuple[np.ndarray, np.ndarray]:
 
 
 def evaluate(loaded, text: str, config, *, max_batches: int | None = None,
-             progress: bool = False) -> dict:
+             progress: bool = False, held_out: bool = False) -> dict:
     """The figures of ``loaded`` (``jaxformer.loading.Loaded``) on ``text`` read with
-    ``config`` (a TrainConfig whose micro-batch is the evaluation batch)."""
+    ``config`` (a TrainConfig whose micro-batch is the evaluation batch): all of it, as
+    training reads ``--val-data``, or with ``held_out`` its last tenth, as training holds it out
+    of the data file when evaluating without ``--val-data``."""
     from jaxformer.training import tasks
 
     task = tasks.get(loaded.family)
-    dataset = task.eval_dataset(text, loaded.tokenizer.backend, config)
+    if held_out:
+        _, held = task.build_datasets(text, loaded.tokenizer.backend, config, 0.1)
+        assert held is not None  # a positive fraction always holds some out (or refuses)
+        dataset = held
+    else:
+        dataset = task.eval_dataset(text, loaded.tokenizer.backend, config)
     label_map = _label_map(loaded, dataset)
     count = dataset.eval_count(max_batches)
     scorer = _Scorer(loaded, config)
@@ -268,7 +278,8 @@ def run(args) -> int:
         config = _config(loaded, args)
         progress = args.progress == "bar" or (args.progress == "auto" and sys.stderr.isatty())
         result = evaluate(loaded, data.read_text(args.data), config,
-                          max_batches=args.max_batches, progress=progress)
+                          max_batches=args.max_batches, progress=progress,
+                          held_out=args.held_out)
     except (UsageError, LoadError, DataError) as error:
         return fail(error)
     except ValueError as error:  # a batch the model refuses (ids, lengths): the input's fault
@@ -283,4 +294,29 @@ def run(args) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(full, indent=1) + "\n")
     print(json.dumps(full, indent=1) if args.json else format_result(result, header))
+    note = _reproduction_note(loaded, args, result)
+    if note:
+        print(f"{PROG}: note: {note}", file=sys.stderr)
     return 0
+
+
+def _reproduction_note(loaded, args, result) -> str | None:
+    """When FILE is the run's validation file (or its data file, with ``--held-out``) and the
+    batches differ from those training scored: how to score exactly those."""
+    from jaxformer.training import data
+
+    run = loaded.run or {}
+    evaluation, identity = run.get("evaluation") or {}, run.get("identity") or {}
+    count = evaluation.get("eval_batches")
+    if not evaluation.get("eval_every") or not isinstance(count, int):
+        return None
+    own = identity.get("data_sha256" if args.held_out else "val_data_sha256")
+    if own != data.file_sha256(args.data) or (result["batches"] == count and not (
+            args.batch_size and loaded.train_config
+            and args.batch_size != loaded.train_config.micro_batch_size)):
+        return None
+    key = "eval_loss" if args.held_out else "val_loss"
+    return (f"{args.data} is the run's {'data' if args.held_out else 'validation'} file; its "
+            f"{key} in metrics.jsonl is the mean over the first {count} batches of the run's "
+            f"batch size (--eval-batches {count}): pass --max-batches {count} (and no "
+            f"--batch-size) to score exactly those; this scored {result['batches']}")

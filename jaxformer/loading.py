@@ -61,6 +61,7 @@ class Loaded:
     source: str  # "run" | "huggingface"
     framework: str  # "jax" | "torch"
     train_config: Any = None  # the run's TrainConfig (None for a Hugging Face directory)
+    run: dict | None = None  # the run's run.json (identity, label_names, evaluation)
 
 
 # ----------------------------------------------------------------------------------- tokenizer
@@ -305,7 +306,7 @@ def _load_run(path: Path, step: int | None, framework: str) -> Loaded:
     model.eval()
     return Loaded(model=model, tokenizer=TextTokenizer(backend), config=model_cfg, family=family,
                   label_names=run.get("label_names"), path=path, step=loaded_step, source="run",
-                  framework=framework, train_config=train_cfg)
+                  framework=framework, train_config=train_cfg, run=run)
 
 
 def _trainer(framework: str, family: str, model_cfg, train_cfg):

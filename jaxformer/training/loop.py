@@ -179,12 +179,21 @@ def prepare(config: TrainConfig, options: RunOptions):
             **saved, "train_config": {**saved["train_config"],
                                       "steps": identity["train_config"]["steps"]}}
             if extended else saved)
-        if identity != saved:  # extended: the run is now this long
-            rundir.write_atomic(run_dir / "run.json", json.dumps(
-                {**saved_run, "identity": identity}, indent=1))
+        updated = {**saved_run, "identity": identity,  # extended: the run is now this long
+                   "evaluation": _evaluation(options)}
+        if updated != saved_run:
+            rundir.write_atomic(run_dir / "run.json", json.dumps(updated, indent=1))
     else:
-        rundir.write_run(run_dir, identity, tokenizer, getattr(train_set, "label_names", None))
+        rundir.write_run(run_dir, identity, tokenizer, getattr(train_set, "label_names", None),
+                         _evaluation(options))
     return run_dir, identity, model_cfg, train_set, eval_set
+
+
+def _evaluation(options: RunOptions) -> dict:
+    """How the run evaluates (run.json's ``evaluation``; not part of its identity): what
+    ``jaxformer eval`` needs to name the batches training scored."""
+    return {"eval_every": options.eval_every, "eval_batches": options.eval_batches,
+            "held_out": bool(options.eval_every and not options.val_data)}
 
 
 def train(config: TrainConfig, options: RunOptions) -> RunResult:
@@ -344,7 +353,8 @@ def export_hf(model, run_dir: Path, path: Path, overwrite: bool = False) -> None
     marker = outputs.marker_text(rundir.EXPORT_KIND, [CONFIG, SAFETENSORS, *files])
     save_pretrained(model, path, overwrite=True,
                     extra_files={**files, outputs.MARKER: marker.encode()},
-                    token_ids=export_token_ids(model, run_dir / "tokenizer.json"))
+                    token_ids=export_token_ids(model, run_dir / "tokenizer.json"),
+                    label_names=rundir.read_run(run_dir).get("label_names"))
 
 
 def data_tokens(dataset: data.Dataset, config: TrainConfig) -> int:

@@ -1,9 +1,10 @@
 """The run directory of ``jaxformer train`` (shared glue, no twin): where a run lives on disk.
 
 One run lives in one directory (``--checkpoint-dir``, default ``runs/FAMILY-PRESET``):
-``run.json`` (the run identity and the classifier's label names), ``tokenizer.json``,
-``checkpoints/``, by default ``metrics.jsonl`` and its plot. Used by ``loop.prepare`` to refuse a
-directory or a resume that does not fit, naming each difference, before anything is written.
+``run.json`` (the run identity, the classifier's label names and how the run evaluates),
+``tokenizer.json``, ``checkpoints/``, by default ``metrics.jsonl`` and its plot. Used by
+``loop.prepare`` to refuse a directory or a resume that does not fit, naming each difference,
+before anything is written.
 """
 
 from __future__ import annotations
@@ -113,12 +114,16 @@ def check_identity(run_dir: Path, identity: dict, saved: dict | None = None) -> 
                           f"(nothing was written):\n  " + "\n  ".join(differences))
 
 
-def write_run(run_dir: Path, identity: dict, tokenizer, label_names: list[str] | None) -> None:
-    """A new run: the directory, its ``tokenizer.json`` and its ``run.json``."""
+def write_run(run_dir: Path, identity: dict, tokenizer, label_names: list[str] | None,
+              evaluation: dict | None = None) -> None:
+    """A new run: the directory, its ``tokenizer.json`` and its ``run.json`` (with
+    ``evaluation``, how the run evaluates, when given)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(run_dir / "tokenizer.json"))
-    write_atomic(run_dir / "run.json", json.dumps(
-        {"identity": identity, "label_names": label_names}, indent=1))
+    run = {"identity": identity, "label_names": label_names}
+    if evaluation is not None:
+        run["evaluation"] = evaluation
+    write_atomic(run_dir / "run.json", json.dumps(run, indent=1))
 
 
 def write_atomic(path: Path, text: str) -> None:
