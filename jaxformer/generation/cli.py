@@ -201,21 +201,32 @@ def crop_prompts(rows: list[list[int]], context: int, max_new_tokens: int) -> li
     return [row[-room:] for row in rows]
 
 
-def seq2seq_sources(rows: list[list[int]], eos: int | None, context: int,
+def seq2seq_sources(rows: list[list[int]], end: list[int], context: int,
                     max_new_tokens: int) -> list[list[int]]:
-    """Sources as the model was trained on them, ``tokens [end]``, cut to the model's context
-    (the first tokens are kept, said once on stderr); the target's room is checked too."""
+    """Sources ``tokens + end`` cut to the model's context (the first tokens and ``end`` are
+    kept, said once on stderr); the target's room is checked too."""
     if 1 + max_new_tokens > context:
         raise UsageError(f"--max-new-tokens {max_new_tokens} does not fit the decoder: its "
                          f"context holds {context} tokens, the start token included; use "
                          f"--max-new-tokens {context - 1} or fewer")
-    end = [] if eos is None else [eos]
     keep = context - len(end)
     cut = [n for n, row in enumerate(rows, 1) if len(row) > keep]
     if cut:
         note(f"source(s) {', '.join(map(str, cut))} cut to their first {keep} tokens: the "
              f"encoder's context is {context} tokens")
     return [row[:keep] + end for row in rows]
+
+
+def framed_source(tokenizer, text: str) -> tuple[list[int], list[int]]:
+    """A Hugging Face encoder-decoder's source as its tokenizer frames one sequence (the
+    ``tokenizer.json`` post-processor: Marian appends ``</s>``, BART wraps in ``<s> ... </s>``),
+    split into (the tokens that may be cut, the closing special tokens)."""
+    encoding = tokenizer.backend.encode(text, add_special_tokens=True)
+    ids, special = list(encoding.ids), list(encoding.special_tokens_mask)
+    tail = len(ids)
+    while tail and special[tail - 1]:
+        tail -= 1
+    return ids[:tail], ids[tail:]
 
 
 def continuation(tokenizer, prompt: list[int], new) -> str:
@@ -258,7 +269,14 @@ def _run(args: argparse.Namespace, state: dict) -> int:
         if ids_of["start"] is None:
             raise UsageError(f"{loaded.path}: no decoder start token (no decoder_start_token_id "
                              f"in its config, no [CLS] or bos token in its tokenizer)")
-        rows = seq2seq_sources(rows, eos, config.max_position_embeddings, args.max_new_tokens)
+        if loaded.source == "run":  # as the task trained it: tokens [SEP]
+            end = [] if eos is None else [eos]
+        else:
+            framed = [framed_source(tokenizer, text) for text in args.prompt]
+            ends = {tuple(f[1]) for f in framed}
+            end = list(ends.pop()) if len(ends) == 1 else []
+            rows = [f[0] if end else f[0] + f[1] for f in framed]
+        rows = seq2seq_sources(rows, end, config.max_position_embeddings, args.max_new_tokens)
         ids, mask = right_pad(rows, config.src_pad_id)
         kwargs["decoder_start_token_id"] = int(ids_of["start"])
         echoed, skip = [""] * len(rows), 1  # the target starts with the start token

@@ -213,3 +213,22 @@ def test_a_bad_model_path_is_one_line_naming_it(tmp_path, capsys):
     line = error_line(err)
     assert str(tmp_path / "missing") in line
     assert "does not exist" in line
+
+
+def test_hugging_face_sources_are_framed_by_their_tokenizer():
+    """A Hugging Face encoder-decoder's source is what its tokenizer.json's post-processor makes
+    of one sequence (BART: ``<s> text </s>``); the closing tokens survive a cut to the context."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from jaxformer.generation.cli import framed_source, seq2seq_sources
+
+    words = {"<s>": 0, "</s>": 1, "the": 2, "cat": 3, "sat": 4}
+    backend = Tokenizer(models.WordLevel(words, unk_token="</s>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 1)])
+    body, end = framed_source(SimpleNamespace(backend=backend), "the cat sat")
+    assert (body, end) == ([0, 2, 3, 4], [1])
+    assert seq2seq_sources([body], end, context=4, max_new_tokens=2) == [[0, 2, 3, 1]]
