@@ -296,6 +296,7 @@ def run(args) -> int:
     print(json.dumps(full, indent=1) if args.json else format_result(result, header))
     note = _reproduction_note(loaded, args, result)
     if note:
+        sys.stdout.flush()  # the results first, then the note on its own line
         print(f"{PROG}: note: {note}", file=sys.stderr)
     return 0
 

@@ -24,13 +24,13 @@ FAMILIES = ("gpt", "bert", "transformer", "classifier")
 STEPS = 4
 
 
-def _run(root, family, framework="jax", tokenizer=None, val=True, **changes):
+def _run(root, family, framework="jax", tokenizer=None, with_val=True, **changes):
     data = write_corpus(root / "train.txt", lines=60, tabs=family == "classifier")
     val = write_corpus(root / "val.txt", lines=30, seed=1, tabs=family == "classifier")
     config = TrainConfig(**{"steps": STEPS, "batch_size": 4, "seq_len": 16, "warmup_steps": 1,
                             **({"label_smoothing": 0.1} if family == "transformer" else {}),
                             **changes})
-    options = loop.RunOptions(family=family, data=data, val_data=val if val else None,
+    options = loop.RunOptions(family=family, data=data, val_data=val if with_val else None,
                               framework=framework,
                               tokenizer=tokenizer, checkpoint_dir=str(root / "run"),
                               checkpoint_every=2, eval_every=2, eval_batches=2,
@@ -375,7 +375,7 @@ def test_eval_reports_each_familys_figures(runs, capsys):
 def test_eval_of_a_char_model_on_the_held_out_tenth(tmp_path, capsys):
     """A run without --val-data evaluates on the data file's last tenth (eval_loss); eval
     --held-out scores the same batches. A character model reports nats per character."""
-    result = _run(tmp_path, "gpt", tokenizer="char", gpt_windows="random", val=False)
+    result = _run(tmp_path, "gpt", tokenizer="char", gpt_windows="random", with_val=False)
     records = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
     logged = [r["eval_loss"] for r in records if "eval_loss" in r][-1]
     data = result.run_dir.parent / "train.txt"
