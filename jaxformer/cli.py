@@ -1,7 +1,8 @@
 """The ``jaxformer`` command: the parser and dispatch of ``parity``, ``embed``, ``train``,
-``eval``, ``generate`` and ``data``; each subcommand's work lives in its package or module
-(``jaxformer.parity``, ``jaxformer.embed``, ``jaxformer.training``, ``jaxformer.evaluate``,
-``jaxformer.generation``). ``DESCRIPTION`` is the
+``eval``, ``generate``, ``classify``, ``fill-mask`` and ``data``; each subcommand's work lives
+in its package or module (``jaxformer.parity``, ``jaxformer.embed``, ``jaxformer.training``,
+``jaxformer.evaluate``, ``jaxformer.generation``, ``jaxformer.classify``,
+``jaxformer.fill_mask``). ``DESCRIPTION`` is the
 text of ``jaxformer --help``.
 """
 
@@ -16,18 +17,21 @@ from jaxformer import errors
 
 DESCRIPTION = """The jaxformer command.
 
-  parity    builds every family in Flax NNX and in PyTorch with the same seeded weights and
-            prints, per component, the max abs difference and its bound.
-  embed     sentence embeddings from a Hugging Face BERT directory and their cosine-similarity
-            matrix.
-  train     trains a family on a text file, in JAX or with the PyTorch twin, with metrics, a
-            loss-curve PNG and checkpoints (see docs/training.md).
-  eval      measures a trained run (or a Hugging Face directory) on a text file: loss,
-            perplexity, the family's accuracies (see docs/workflow.md).
-  generate  text from a Hugging Face GPT-2 directory with a KV cache: greedy, sampling or beam
-            search, streamed as it is produced (see docs/generation.md).
-  data      fetches a corpus (Shakespeare) and writes train.txt, val.txt split by document and
-            manifest.json (see docs/data.md).
+  parity     builds every family in Flax NNX and in PyTorch with the same seeded weights and
+             prints, per component, the max abs difference and its bound.
+  embed      sentence embeddings from a bert/classifier run or a Hugging Face BERT directory:
+             their cosine-similarity matrix, or a .npy / .jsonl file.
+  train      trains a family on a text file, in JAX or with the PyTorch twin, with metrics, a
+             loss-curve PNG and checkpoints (see docs/training.md).
+  eval       measures a trained run (or a Hugging Face directory) on a text file: loss,
+             perplexity, the family's accuracies (see docs/workflow.md).
+  generate   text from a GPT or encoder-decoder run, or a Hugging Face directory, with a KV
+             cache: greedy, sampling or beam search, streamed as produced (docs/generation.md).
+  classify   the label and its probability for each text, from a classifier run.
+  fill-mask  the most likely tokens for each [MASK], from a bert run or a Hugging Face BERT
+             directory with a masked-LM head.
+  data       fetches a corpus (Shakespeare) and writes train.txt, val.txt split by document and
+             manifest.json (see docs/data.md).
 
 Unknown arguments are reported with the usage of the subcommand they were given to. Errors are
 one line, `jaxformer COMMAND: error: ...`, exit status 2 for bad input, 1 for a failed run, 130
@@ -140,8 +144,10 @@ def build_parser() -> _Parser:
     embed = commands.add_parser(
         "embed", parents=[common],
         help="sentence embeddings and their cosine similarities",
-        description="Embed TEXTs with a Hugging Face sentence-transformers BERT directory (mean "
-                    "pooling over real tokens) and print their cosine-similarity matrix.")
+        description="Embed TEXTs with a bert or classifier run, or a Hugging Face "
+                    "sentence-transformers BERT directory (mean pooling over real tokens unless "
+                    "its modules.json says otherwise), and print their cosine-similarity matrix "
+                    "or write them to --out FILE (.npy or .jsonl).")
     embed_module.add_arguments(embed)
     embed.set_defaults(func=embed_module.run)
 
@@ -158,7 +164,8 @@ def build_parser() -> _Parser:
     from jaxformer import evaluate as eval_command
 
     evaluate = commands.add_parser(
-        "eval", parents=[common], help="loss, perplexity and accuracies of a trained model on a text file",
+        "eval", parents=[common],
+        help="loss, perplexity and accuracies of a trained model on a text file",
         description=eval_command.DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     eval_command.add_arguments(evaluate)
@@ -168,11 +175,29 @@ def build_parser() -> _Parser:
 
     generate = commands.add_parser(
         "generate", parents=[common],
-        help="generate text from a GPT-2 directory (JAX or the PyTorch twin)",
+        help="generate text from a GPT or encoder-decoder run or a GPT-2 directory",
         description=generate_command.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     generate_command.add_arguments(generate)
     generate.set_defaults(func=generate_command.run)
+
+    from jaxformer import classify as classify_command
+    from jaxformer import fill_mask as fill_mask_command
+
+    classify = commands.add_parser(
+        "classify", parents=[common], help="label and probability per text, from a classifier run",
+        description=classify_command.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    classify_command.add_arguments(classify)
+    classify.set_defaults(func=classify_command.run)
+
+    fill_mask = commands.add_parser(
+        "fill-mask", parents=[common],
+        help="the most likely tokens for each [MASK], from a BERT with an MLM head",
+        description=fill_mask_command.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    fill_mask_command.add_arguments(fill_mask)
+    fill_mask.set_defaults(func=fill_mask_command.run)
 
     from jaxformer.training import corpus as data_command
 
@@ -184,7 +209,8 @@ def build_parser() -> _Parser:
     data_command.add_arguments(data)
     data.set_defaults(func=data_command.run)
     parser.subcommands = {"parity": parity, "embed": embed, "train": train, "eval": evaluate,
-                          "generate": generate, "data": data}
+                          "generate": generate, "classify": classify, "fill-mask": fill_mask,
+                          "data": data}
     return parser
 
 

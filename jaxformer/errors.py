@@ -32,8 +32,9 @@ class UserError(Exception):
     exit_code = USAGE
 
 
-class UsageError(UserError):
-    """Bad command-line or configuration input: a flag, a value, a config-file key (exit 2)."""
+class UsageError(UserError, ValueError):
+    """Bad command-line or configuration input: a flag, a value, a config-file key (exit 2).
+    A ``ValueError`` too, so that code which checks values may raise it directly."""
 
 
 class RunFailure(UserError):

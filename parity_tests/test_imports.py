@@ -260,10 +260,11 @@ def test_torch_scan_sees_the_parity_job_and_the_registry():
 
 # The modules behind the commands (their --help builds the parser, which imports some of them;
 # the rest run after parsing).
-COMMAND_MODULES = ("jaxformer.cli", "jaxformer.embed", "jaxformer.training.command",
+COMMAND_MODULES = ("jaxformer.cli", "jaxformer.embed", "jaxformer.classify", "jaxformer.fill_mask",
+                   "jaxformer.commands", "jaxformer.training.command",
                    "jaxformer.training.loop", "jaxformer.training.corpus",
                    "jaxformer.generation.cli", "jaxformer.checkpoints.hf", "jaxformer.sharding")
-COMMANDS = (["train"], ["generate"], ["embed"], ["data"])
+COMMANDS = (["train"], ["generate"], ["embed"], ["classify"], ["fill-mask"], ["data"])
 
 
 def test_commands_without_torch_do_not_load_it():

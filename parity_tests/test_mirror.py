@@ -61,7 +61,11 @@ JAX_ONLY = {
                   "conversion through numpy); it reaches the torch side through frameworks",
     "evaluate.py": "the `jaxformer eval` command (host-side sums over either framework's "
                    "training/evaluation.py)",
-    "embed.py": "an application of the JAX BERT (sentence embeddings), not a building block",
+    "embed.py": "sentence embeddings and `jaxformer embed` (files, tokenizers, pooling config); "
+                "the computation is inference.py's, which has its twin",
+    "commands.py": "what the inference commands share: error contract, texts, output files",
+    "classify.py": "the `jaxformer classify` command (it runs either framework's inference)",
+    "fill_mask.py": "the `jaxformer fill-mask` command (it runs either framework's inference)",
     "models/flops.py": "FLOP and parameter counts from a config (standard library), for both",
     "generation/checks.py": "framework-free generation checks and tables both twins read",
     "training/config.py": "framework-free TrainConfig: the one definition both twins read",

@@ -74,22 +74,23 @@ def broken(directory, kind: str):
         config = {**hf_bert_config().to_dict(), "architectures": ["BertModel"]}
         del config["hidden_size"]
         (directory / "config.json").write_text(json.dumps(config))
-        return f"error: {directory / 'config.json'}: required field 'hidden_size' is missing"
+        return (f"jaxformer embed: error: {directory / 'config.json'}: required field "
+                f"'hidden_size' is missing")
     if kind == "config not JSON":
         (directory / "config.json").write_text("{oops")
-        return f"error: {directory / 'config.json'} is not valid JSON"
+        return f"jaxformer embed: error: {directory / 'config.json'} is not valid JSON"
     if kind == "modules.json not JSON":
         (directory / "modules.json").write_text("[")
-        return f"error: {directory / 'modules.json'} is not valid JSON"
+        return f"jaxformer embed: error: {directory / 'modules.json'} is not valid JSON"
     (directory / "modules.json").write_text(json.dumps([{"path": ""}]))
-    return f"error: {directory / 'modules.json'}: every module needs a \"type\""
+    return f"jaxformer embed: error: {directory / 'modules.json'}: every module needs a \"type\""
 
 
 @pytest.mark.parametrize("kind", ["missing field", "config not JSON", "modules.json not JSON",
                                   "module without type"])
 def test_cli_reports_a_broken_directory_on_one_line(tmp_path, capsys, kind):
     expected = broken(tmp_path, kind)
-    assert cli.main(["embed", "--model", str(tmp_path), "some text"]) == 1
+    assert cli.main(["embed", "--model", str(tmp_path), "some text"]) == 2  # the user's to fix
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.splitlines()

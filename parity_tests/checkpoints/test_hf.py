@@ -347,8 +347,9 @@ def test_embed_cli_prints_similarity_table(minilm_dir, tmp_path, capsys):
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("[")][-3:]
     assert [row[i + 1] for i, row in enumerate(rows)] == ["1.000"] * 3
     args = parser.parse_args(["--model", str(tmp_path / "missing"), "x"])
-    assert embed.run(args) == 1
-    assert "is not a directory" in capsys.readouterr().err
+    assert embed.run(args) == 2
+    assert (capsys.readouterr().err ==
+            f"jaxformer embed: error: --model {tmp_path / 'missing'}: no such directory\n")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from jaxformer.checkpoints import hf
 from jaxformer.generation import cli
 from jaxformer.generation import generate as jax_generate
 from jaxformer.generation import stream as jax_stream
+from jaxformer.loading import load
 from jaxformer.models import gpt as jgpt
 from parity_tests.support.generation import GPT_PRE_LN, hf_gpt2, left_padded, model_pair
 from torch_ref.generation import generate as torch_generate
@@ -76,12 +77,14 @@ def test_generate_command_streams_what_generate_returns(model_dir, capsys):
     prompt = "the quick brown"
     assert run_cli(["--model", str(model_dir), "--prompt", prompt, "--max-new-tokens", "8"]) == 0
     out, err = capsys.readouterr()
-    tokenizer = cli.Tokenizer(model_dir)
+    tokenizer = load(model_dir).tokenizer
     ids = np.array([tokenizer.encode(prompt)])
-    eos, _ = cli._special_ids(model_dir)
+    eos = tokenizer.eos_id
+    assert eos == tokenizer.token_to_id("<|endoftext|>")
     new = np.asarray(jax_generate(hf.from_pretrained(model_dir), ids, max_new_tokens=8,
                                   eos_token_id=eos, pad_token_id=eos))[0, ids.shape[1]:]
-    text = tokenizer.decode([t for t in cli._until_eos(new, eos) if t != eos])
+    text = cli.continuation(tokenizer, ids[0].tolist(),
+                            [t for t in cli._until_eos(new, eos) if t != eos])
     assert out == prompt + text + "\n"
     assert "tokens/s" in err
     assert "new tokens in" in err
@@ -100,5 +103,6 @@ def test_generate_command_batches_prompts(model_dir, capsys):
 
 def test_generate_command_reports_a_missing_tokenizer(tmp_path, capsys):
     hf_gpt2(seed=1).save_pretrained(tmp_path)
-    assert run_cli(["--model", str(tmp_path), "--prompt", "hi"]) == 1
-    assert "no tokenizer.json" in capsys.readouterr().err
+    assert run_cli(["--model", str(tmp_path), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"jaxformer generate: error: {tmp_path}: has no tokenizer.json")

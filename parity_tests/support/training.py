@@ -61,3 +61,24 @@ def write_corpus(path, lines=150, seed=0, tabs=False):
         rows = [f"{'yes' if 'cat' in r else 'no'}\t{r}" for r in rows]
     path.write_text("\n".join(rows) + "\n")
     return str(path)
+
+
+def tiny_run(directory, family: str, *flags, framework: str = "torch", steps: int = 3,
+             name: str | None = None):
+    """A run directory of ``jaxformer train --family FAMILY`` on a small corpus: the tiny preset,
+    ``steps`` updates of 2 x 16 tokens, trained with the torch twin by default (no compilation:
+    a second or two). ``flags`` are added to the command (``--tokenizer char``...). Serves the
+    inference commands' tests (``generation/test_cli_runs.py``, ``test_inference_commands.py``)."""
+    from pathlib import Path
+
+    from jaxformer import cli
+
+    directory = Path(directory)
+    data = write_corpus(directory / f"{name or family}.txt", tabs=family == "classifier")
+    run_dir = directory / (name or family)
+    code = cli.main(["train", "--family", family, "--data", data, "--steps", str(steps),
+                     "--seq-len", "16", "--batch-size", "2", "--framework", framework,
+                     "--checkpoint-dir", str(run_dir), "--progress", "none",
+                     *map(str, flags)])
+    assert code == 0, f"training the tiny {family} run failed"
+    return run_dir
