@@ -39,7 +39,10 @@ _WHERE = {"MESH_AXES": "rules", "RULES": "rules", "constrain": "rules", "logical
               "parse_mesh", "place", "process_rows", "replicated", "shard_batch", "shard_model",
               "shardings")}}
 
-__all__ = sorted(_WHERE)
+__all__ = ["MESH_AXES", "RULES", "MeshError", "batch_divisor", "batch_sharding",
+           "check_batch_size", "constrain", "initialize_distributed", "logical_spec", "make_mesh",
+           "parse_mesh", "place", "process_rows", "replicated", "shard_batch", "shard_model",
+           "shardings"]
 
 
 def __getattr__(name):

@@ -11,6 +11,7 @@ one fails or the time limit passes. Imports nothing of JAX or of the training co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import subprocess
@@ -41,7 +42,13 @@ def launch(processes: int, local_devices: int, train_args: list[str], timeout: f
     Raises (after stopping every one of them) when one fails or ``timeout`` passes."""
     address = f"127.0.0.1:{free_port()}"
     env = local_env(local_devices)
-    logs = [tempfile.TemporaryFile("w+") for _ in range(processes)]
+    with contextlib.ExitStack() as files:
+        logs = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(processes)]
+        return _run(processes, train_args, address, env, logs, timeout, capture)
+
+
+def _run(processes: int, train_args: list[str], address: str, env: dict, logs: list,
+         timeout: float, capture: bool) -> list[str]:
     children = [subprocess.Popen(
         [sys.executable, "-m", "jaxformer.cli", "train", *train_args, "--coordinator", address,
          "--num-processes", str(processes), "--process-id", str(i)],
@@ -77,8 +84,6 @@ def launch(processes: int, local_devices: int, train_args: list[str], timeout: f
             if child.poll() is None:
                 child.kill()
                 child.wait()
-        for log in logs:
-            log.close()
 
 
 def main(argv=None) -> int:
