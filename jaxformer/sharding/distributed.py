@@ -104,8 +104,12 @@ def start(args) -> None:
         initialize_distributed(**keywords)
     except (RuntimeError, ValueError) as error:  # no cluster found, an unreachable coordinator
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        flags = "--distributed" if args.distributed else "--coordinator"
-        raise ValueError(f"{flags}: cannot join the other processes ({first[:300]})") from None
+        if args.distributed:
+            raise ValueError(f"--distributed: cannot join the other processes ({first[:300]}); "
+                             f"outside a cluster JAX reads ({CLUSTERS}) give --coordinator "
+                             f"HOST:PORT, --num-processes N and --process-id I") from None
+        raise ValueError(f"--coordinator {args.coordinator}: cannot join the other processes "
+                         f"({first[:300]})") from None
     if args.mesh is None and multiprocess():
         args.mesh = "data=-1"
 
