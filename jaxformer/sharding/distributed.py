@@ -29,9 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``several processes`` group of ``jaxformer train``."""
     group = parser.add_argument_group(
         "several processes (docs/scale.md)",
-        "Run the same command in every process (one per host); they train one model over a "
-        "--mesh of all their devices (default data=-1) and write one run directory, which "
-        "must be on storage every process sees.")
+        "Run the same command in every process (one per host): they train one model over a\n"
+        "--mesh of all their devices (default data=-1) and write one run directory, which must\n"
+        "be on storage every process sees.")
     group.add_argument("--coordinator", metavar="HOST:PORT",
                        help="process 0's address, where the others join it")
     group.add_argument("--num-processes", type=int, metavar="N",

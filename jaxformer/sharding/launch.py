@@ -89,16 +89,20 @@ def _run(processes: int, train_args: list[str], address: str, env: dict, logs: l
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m jaxformer.sharding",
-        usage="%(prog)s [-h] [--processes N] [--local-devices D] [--timeout S] -- TRAIN_ARGS",
+        usage="%(prog)s launch [-h] [--processes N] [--local-devices D] [--timeout S] -- "
+              "TRAIN_ARGS",
         description="Run `jaxformer train TRAIN_ARGS` as several processes of this machine, "
                     "each with its own CPU devices, joined as the hosts of a cluster are: "
                     "a rehearsal of a multi-host run (docs/scale.md).",
         epilog="example: python -m jaxformer.sharding launch --processes 2 --local-devices 4 "
                "-- --family gpt --data input.txt --mesh data=2,fsdp=2,tensor=2 --steps 20")
     parser.add_argument("command", choices=("launch",))
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--local-devices", type=int, default=4, help="CPU devices per process")
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds")
+    parser.add_argument("--processes", type=int, default=2, metavar="N",
+                        help="how many processes (default 2)")
+    parser.add_argument("--local-devices", type=int, default=4, metavar="D",
+                        help="CPU devices per process (default 4)")
+    parser.add_argument("--timeout", type=float, default=3600.0, metavar="S",
+                        help="stop every process after S seconds (default 3600)")
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     args, train_args = parser.parse_args(argv[:split]), argv[split + 1:]

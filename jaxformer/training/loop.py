@@ -224,9 +224,9 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
     start = _resume(checkpointer, trainer, config, options, run_dir, stream) if options.resume \
         else 0
     metrics_path, plot_path = rundir.output_paths(run_dir, options)
-    kept = ([r for r in reporting.read_metrics(metrics_path) if r["step"] <= start]
-            if options.resume else [])
     if primary:
+        kept = ([r for r in reporting.read_metrics(metrics_path) if r["step"] <= start]
+                if options.resume else [])
         rundir.write_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
     step_flops = tasks.get(family).step_flops(model_cfg, config)
     eval_sets = (eval_set.eval_batches(options.eval_batches, distributed.batch_rows(

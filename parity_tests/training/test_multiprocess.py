@@ -137,3 +137,13 @@ def test_bad_options_name_the_flag(args, message, corpus, tmp_path, capsys):
     assert message in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert not run_dir.exists()
+
+
+def test_launch_stops_every_process_when_one_fails(tmp_path):
+    """A bad command line ends both processes (usage errors, before JAX starts) and the launcher
+    names the failing one and its output."""
+    with pytest.raises(RuntimeError, match=r"process \d of 2 exited with status 2:[\s\S]*"
+                                           r"--data"):
+        launch.launch(2, 1, ["--family", "gpt", "--checkpoint-dir", str(tmp_path / "run")],
+                      timeout=TIMEOUT)
+    assert not (tmp_path / "run").exists()
