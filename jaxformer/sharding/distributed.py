@@ -195,14 +195,15 @@ def check_mesh(spec: str, micro_batch_size: int) -> None:
         raise ValueError(f"--mesh {spec} with --batch-size: {error}") from None
 
 
-def whole_model(model):
-    """``model`` with every parameter whole, as numpy, in every process (for an export, which
-    process 0 writes); as it is with one process. Every process must call it."""
+def whole_model(trainer):
+    """The trained model of ``trainer`` (a ``training.step.TrainStep``), for an export that
+    process 0 writes: ``trainer.sync()`` with one process; over several, every parameter gathered
+    whole, as numpy, into every process (each process must call it)."""
     if not multiprocess():
-        return model
+        return trainer.sync()
     from flax import nnx
     from jax.experimental import multihost_utils
 
-    nnx.update(model, multihost_utils.process_allgather(nnx.state(model, nnx.Param),
-                                                        tiled=True))
-    return model
+    params = trainer.state_dict()["params"]
+    nnx.update(trainer.model, multihost_utils.process_allgather(params, tiled=True))
+    return trainer.model

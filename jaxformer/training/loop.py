@@ -290,7 +290,7 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
                 save()
                 saved_at = trainer.step
             if options.export_hf and not interrupted:
-                model = distributed.whole_model(trainer.sync())
+                model = distributed.whole_model(trainer)
                 if primary:
                     export_hf(model, run_dir, Path(options.export_hf), options.overwrite)
     except RunAborted:
