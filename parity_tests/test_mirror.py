@@ -57,6 +57,10 @@ JAX_ONLY = {
     "cli.py": "the `jaxformer` command",
     "frameworks.py": "the registry from a framework name to its package: it names the twins",
     "outputs.py": "what a command may write (framework-free rules of the commands, no model)",
+    "loading.py": "one loader of runs and Hugging Face directories (files, checkpoints, "
+                  "conversion through numpy); it reaches the torch side through frameworks",
+    "evaluate.py": "the `jaxformer eval` command (host-side sums over either framework's "
+                   "training/evaluation.py)",
     "embed.py": "an application of the JAX BERT (sentence embeddings), not a building block",
     "models/flops.py": "FLOP and parameter counts from a config (standard library), for both",
     "generation/checks.py": "framework-free generation checks and tables both twins read",
@@ -72,6 +76,9 @@ JAX_ONLY = {
     "training/rundir.py": "the run directory of `jaxformer train` (files, no model)",
     "training/reporting.py": "metrics lines, progress and plot of `jaxformer train` (no model)",
     "training/command.py": "the `jaxformer train` command",
+    "training/config_file.py": "`jaxformer train --config` and the run's config.toml (CLI glue)",
+    "training/startup.py": "the phase lines and summary `jaxformer train` prints (no model)",
+    "errors.py": "how the `jaxformer` command reports an error (CLI glue)",
     "generation/cli.py": "the `jaxformer generate` command (it runs either framework's generate)",
     "sharding/": "device meshes, logical-axis rules and jax.distributed: how JAX lays one "
                    "program over many devices; the torch twins run on one device, as the reference",

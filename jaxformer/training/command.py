@@ -43,7 +43,12 @@ nanoGPT's "baby GPT" on character-level Shakespeare (docs/training.md):
   jaxformer train --family gpt --preset baby --tokenizer char --data train.txt
     --val-data val.txt --gpt-windows random --steps 2000 --batch-size 12 --seq-len 64
     --lr 1e-3 --min-lr 1e-4 --schedule cosine --warmup 100 --beta2 0.99 --weight-decay 0.1
-    --clip 1 --eval-every 250 --eval-iters 20"""
+    --clip 1 --eval-every 250 --eval-batches 20
+
+A TOML file of flags (keys: the flags' names without the leading dashes; the command line wins);
+every run writes its own, resolved, as DIR/config.toml, which runs it again bit for bit:
+  jaxformer train --config baby.toml --steps 100
+  jaxformer train --config runs/baby/config.toml --checkpoint-dir runs/baby-again"""
 
 GROUPS = {"run": "what to train", "hyper": "hyper-parameters (TrainConfig)",
           "output": "output, evaluation, checkpoints"}
@@ -213,10 +218,17 @@ def _dest(flags: tuple[str, ...]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
+    groups["run"].add_argument(
+        "--config", metavar="TOML",
+        help="read flags from this TOML file (keys: the flags' names without the leading "
+             "dashes, e.g. seq-len = 64); flags on the command line win (docs/training.md)")
     for group, flags, field, keywords in FLAGS:
         default = _fields(group)[field].default
         if "default" not in keywords and default is not dataclasses.MISSING:
             keywords = {"default": default, **keywords}
+        if keywords.get("required"):  # or given by --config: config_file.apply checks
+            keywords = {**keywords, "required": False,
+                        "help": f"{keywords['help']} (required, here or in --config)"}
         groups[group].add_argument(*flags, **keywords)
     distributed.add_arguments(parser)  # --coordinator, --num-processes, --process-id, ...
 
@@ -256,15 +268,16 @@ def resume_command(argv: list[str] | None) -> str:
 
 
 def run(args) -> int:
-    from jaxformer.training import loop
+    from jaxformer.training import config_file, loop
     from jaxformer.training.vocab import DataError
 
+    config_file.apply(args, FLAGS)  # --config FILE; a UsageError: jaxformer.cli.main reports
     try:
         distributed.start(args)  # several processes: join them (before any device is used)
         config = config_from_args(args)
         options = RunOptions(**_values(args, "run"), **_values(args, "output"),
                              warmup_given=args.warmup is not None)
-        result = loop.train(config, options)
+        result = loop.train(config, options, flags=FLAGS)  # FLAGS: to write DIR/config.toml
     except loop.RunInterrupted as error:
         command = resume_command(getattr(args, "argv", None))
         print(f"jaxformer train: interrupted ({error.signal_name}): saved step {error.step} in "

@@ -15,10 +15,19 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from jaxformer import frameworks, outputs
-from jaxformer.training import data, interrupts, reporting, rundir, tasks, vocab
+from jaxformer.training import (
+    config_file,
+    data,
+    interrupts,
+    reporting,
+    rundir,
+    startup,
+    tasks,
+    vocab,
+)
 from jaxformer.training.config import TrainConfig, run_identity
 from jaxformer.training.interrupts import RunAborted, RunInterrupted
 from jaxformer.training.rundir import CheckpointDamaged, DamagedFile, ResumeError
@@ -107,6 +116,7 @@ class RunResult:
     start_step: int
     final_step: int
     losses: list[float]  # of this session's steps
+    model: Any = None  # the trained model in eval mode (NNX, or torch_ref with --framework torch)
 
 
 def _hf_export(family: str) -> bool:
@@ -127,8 +137,10 @@ def build_trainer(family, framework, model_cfg, config, options):
     return step.build_trainer(family, model_cfg, config, options, weights), checkpointer
 
 
-def prepare(config: TrainConfig, options: RunOptions):
-    """Everything before the first step, with every refusal before anything is written."""
+def prepare(config: TrainConfig, options: RunOptions, status: startup.Status | None = None):
+    """Everything before the first step, with every refusal before anything is written;
+    ``status`` shows the tokenizer and data phases."""
+    status = status or startup.Status(enabled=False)
     options.check()
     if options.mesh:  # the mesh fits the devices and the batch, before anything is written
         from jaxformer.sharding import distributed
@@ -145,20 +157,22 @@ def prepare(config: TrainConfig, options: RunOptions):
     task = tasks.get(options.family)
     base = task.model_config(options.preset)
     saved_run: dict = rundir.read_run(run_dir) if options.resume else {}
-    if options.resume:
-        tokenizer = rundir.run_tokenizer(run_dir, saved_run)
-    elif options.tokenizer:
-        # a character vocabulary spans both files, as nanoGPT's spans its whole corpus; learned
-        # vocabularies see the training text only
-        vocab_text = text + (val_text or "") if options.tokenizer == "char" else text
-        tokenizer = vocab.build_tokenizer(options.tokenizer, vocab_text,
-                                          options.vocab_size or task.vocab_size(base))
-    else:
-        tokenizer = vocab.wordpiece_tokenizer(text.splitlines(),
+    with status.phase("tokenizer", _tokenizer_phase(options, run_dir)):
+        if options.resume:
+            tokenizer = rundir.run_tokenizer(run_dir, saved_run)
+        elif options.tokenizer:
+            # a character vocabulary spans both files, as nanoGPT's spans its whole corpus;
+            # learned vocabularies see the training text only
+            vocab_text = text + (val_text or "") if options.tokenizer == "char" else text
+            tokenizer = vocab.build_tokenizer(options.tokenizer, vocab_text,
                                               options.vocab_size or task.vocab_size(base))
+        else:
+            tokenizer = vocab.wordpiece_tokenizer(text.splitlines(),
+                                                  options.vocab_size or task.vocab_size(base))
     eval_fraction = 0.1 if options.eval_every and val_text is None else 0.0
-    train_set, eval_set = task.build_datasets(text, tokenizer, config, eval_fraction,
-                                              eval_text=val_text)
+    with status.phase("data", f"{options.family} examples from {options.data}"):
+        train_set, eval_set = task.build_datasets(text, tokenizer, config, eval_fraction,
+                                                  eval_text=val_text)
     specials = task.special_ids(tokenizer)
     model_cfg = task.model_config(options.preset, vocab_size=tokenizer.get_vocab_size(),
                                   pad_id=specials.get("[PAD]"), num_labels=train_set.num_labels,
@@ -183,11 +197,13 @@ def prepare(config: TrainConfig, options: RunOptions):
             **saved, "train_config": {**saved["train_config"],
                                       "steps": identity["train_config"]["steps"]}}
             if extended else saved)
-        if identity != saved and primary:  # extended: the run is now this long
-            rundir.write_atomic(run_dir / "run.json", json.dumps(
-                {**saved_run, "identity": identity}, indent=1))
+        updated = {**saved_run, "identity": identity,  # extended: the run is now this long
+                   "evaluation": _evaluation(options)}
+        if updated != saved_run and primary:
+            rundir.write_atomic(run_dir / "run.json", json.dumps(updated, indent=1))
     elif primary:
-        rundir.write_run(run_dir, identity, tokenizer, getattr(train_set, "label_names", None))
+        rundir.write_run(run_dir, identity, tokenizer, getattr(train_set, "label_names", None),
+                         _evaluation(options))
     return run_dir, identity, model_cfg, train_set, eval_set
 
 
@@ -203,26 +219,52 @@ def _processes_agree(identity: dict, tokenizer) -> bool:
     return distributed.is_primary()
 
 
-def train(config: TrainConfig, options: RunOptions) -> RunResult:
+def _evaluation(options: RunOptions) -> dict:
+    """How the run evaluates (run.json's ``evaluation``; not part of its identity): what
+    ``jaxformer eval`` needs to name the batches training scored."""
+    return {"eval_every": options.eval_every, "eval_batches": options.eval_batches,
+            "held_out": bool(options.eval_every and not options.val_data)}
+
+
+def _tokenizer_phase(options: RunOptions, run_dir: Path) -> str:
+    if options.resume:
+        return f"the run's {run_dir / 'tokenizer.json'}"
+    kind = options.tokenizer or "wordpiece"
+    if kind in ("char", "bpe", "wordpiece"):
+        return f"{kind}, built from {options.data}"
+    return f"loaded from {kind}"
+
+
+def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -> RunResult:
     """The run ``options`` describe. ``--resume`` restores the latest checkpoint, drops the
     metrics lines after it and continues; the batches are a function of the step
     (``data.Dataset``), so the resumed run sees exactly the batches the uninterrupted one would
     have. ``--framework torch`` trains the torch twin from the very weights ``--framework jax``
     starts from, so the two runs' losses can be compared step by step; dropout masks come from
-    each framework's own generator, so they match only at dropout 0."""
-    run_dir, identity, model_cfg, train_set, eval_set = prepare(config, options)
-    config = TrainConfig(**identity["train_config"])  # resolved (an extension keeps its warm-up)
-    family = options.family
-    trainer, checkpointer_cls = build_trainer(family, options.framework, model_cfg, config,
-                                              options)
-    checkpointer = checkpointer_cls(run_dir / "checkpoints", keep=options.keep)
+    each framework's own generator, so they match only at dropout 0. Given the command's ``flags``
+    table (``command.FLAGS``), the resolved run is written to ``DIR/config.toml``
+    (``config_file``), which ``--config`` runs again.
+    """
     from jaxformer.sharding import distributed  # several processes (nothing with one)
 
     primary = distributed.is_primary()  # writes the run's files and reports; the others train
     stream = (options.stream or sys.stdout) if primary else io.StringIO()
     progress = options.progress if primary else "none"
+    status = startup.Status(stream, enabled=progress != "none")
+    run_dir, identity, model_cfg, train_set, eval_set = prepare(config, options, status)
+    config = TrainConfig(**identity["train_config"])  # resolved (an extension keeps its warm-up)
+    family = options.family
+    with status.phase("build", f"the {family} model and its train step ({options.framework})"):
+        trainer, checkpointer_cls = build_trainer(family, options.framework, model_cfg, config,
+                                                  options)
+    checkpointer = checkpointer_cls(run_dir / "checkpoints", keep=options.keep)
     start = _resume(checkpointer, trainer, config, options, run_dir, stream) if options.resume \
         else 0
+    if flags is not None and primary:  # the command's FLAGS: DIR/config.toml, which
+        config_file.write(run_dir, config, options, flags)  # --config runs again; after a
+        # refused resume, untouched
+    status.block(f"jaxformer train: {family} ({options.framework})", startup.summary_rows(
+        family, options, model_cfg, config, trainer, train_set, eval_set, run_dir, start))
     metrics_path, plot_path = rundir.output_paths(run_dir, options)
     if primary:
         kept = ([r for r in reporting.read_metrics(metrics_path) if r["step"] <= start]
@@ -235,11 +277,12 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
     eval_key = "val_loss" if options.val_data else "eval_loss"  # the validation file's, or not
     use_bar = progress == "bar" or (progress == "auto" and sys.stderr.isatty())
     bar = None
-    if use_bar:
+
+    def progress_bar():  # after the compile phase's line, so that the two do not mix
         from tqdm import tqdm
 
-        bar = tqdm(total=config.steps, initial=start, unit="step",
-                   desc=f"{family} ({options.framework})")
+        return tqdm(total=config.steps, initial=start, unit="step",
+                    desc=f"{family} ({options.framework})")
 
     signals = interrupts.Signals(sys.stderr, checkpointer)
 
@@ -254,7 +297,12 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
             for step in range(start, config.steps):
                 batch = train_set.update_batch(step, rows)
                 began = time.perf_counter()
-                result = trainer(batch)
+                if step == start:  # the first update of a process compiles the step
+                    with status.phase("compile", _compile_phase(options.framework)):
+                        result = trainer(batch)
+                    bar = progress_bar() if use_bar else None
+                else:
+                    result = trainer(batch)
                 seconds = time.perf_counter() - began
                 for name in ("loss", "grad_norm"):
                     if not math.isfinite(result[name]):
@@ -307,7 +355,15 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
                                       f"{family} {options.preset} ({options.framework})")
     if interrupted:
         raise RunInterrupted(interrupted, trainer.step, checkpointer.directory)
-    return RunResult(run_dir, metrics_path, plot_path, start, trainer.step, losses)
+    model = trainer.sync()
+    model.eval()
+    return RunResult(run_dir, metrics_path, plot_path, start, trainer.step, losses, model)
+
+
+def _compile_phase(framework: str) -> str:
+    if framework == "jax":
+        return "the first update (XLA compiles the train step)"
+    return "the first update (eager torch: no compilation, unless --compile)"
 
 
 def _resume(checkpointer, trainer, config: TrainConfig, options: RunOptions, run_dir: Path,
@@ -361,10 +417,14 @@ def export_hf(model, run_dir: Path, path: Path, overwrite: bool = False) -> None
     outputs.check_directory("--export-hf", path, "a previous --export-hf export",
                             overwrite=overwrite, previous=outputs.has_marker(rundir.EXPORT_KIND),
                             keep={f"the run directory ({run_dir})": run_dir})
+    from jaxformer.loading import export_token_ids
+
     files = {"tokenizer.json": (run_dir / "tokenizer.json").read_bytes()}
     marker = outputs.marker_text(rundir.EXPORT_KIND, [CONFIG, SAFETENSORS, *files])
     save_pretrained(model, path, overwrite=True,
-                    extra_files={**files, outputs.MARKER: marker.encode()})
+                    extra_files={**files, outputs.MARKER: marker.encode()},
+                    token_ids=export_token_ids(model, run_dir / "tokenizer.json"),
+                    label_names=rundir.read_run(run_dir).get("label_names"))
 
 
 def data_tokens(dataset: data.Dataset, config: TrainConfig) -> int:

@@ -157,8 +157,9 @@ class TrainStep:
 
 
 def _copy(tree):
-    """New buffers with the same values (a device copy; nothing to compile)."""
-    return jax.device_put(tree, may_alias=False)
+    """New buffers with the same values, where they are (a device copy; nothing to compile),
+    arrays spread over several processes included."""
+    return jax.device_put(tree, jax.tree.map(lambda x: x.sharding, tree), may_alias=False)
 
 
 def _train_fn(task, graphdef, tx, config: TrainConfig):
