@@ -159,7 +159,12 @@ class TrainStep:
 def _copy(tree):
     """New buffers with the same values, where they are (a device copy; nothing to compile),
     arrays spread over several processes included."""
-    return jax.device_put(tree, jax.tree.map(lambda x: x.sharding, tree), may_alias=False)
+    def copy(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:  # keep its sharding
+            return jax.device_put(x, x.sharding, may_alias=False)
+        return jax.device_put(x, may_alias=False)
+
+    return jax.tree.map(copy, tree)
 
 
 def _train_fn(task, graphdef, tx, config: TrainConfig):
