@@ -193,9 +193,9 @@ def test_graph_sees_every_form():
     edges, _ = build_graph()
     assert edges["jaxformer.nn.params"]["jaxformer.sharding"]  # from jaxformer.sharding import x
     assert edges["jaxformer.training.step"]["jaxformer.sharding"]  # from jaxformer import sharding
-    assert edges["jaxformer.sharding.demo"]["jaxformer.training.step"]  # inside a function
+    assert edges["jaxformer.sharding.distributed"]["jaxformer.sharding.mesh"]  # in a function
     assert edges["benchmarks.harness"]["benchmarks.report"]  # a script's `import report`
-    assert "jaxformer.sharding.demo" not in edges["jaxformer.sharding"]
+    assert "jaxformer.sharding.launch" not in edges["jaxformer.sharding"]
 
 
 def test_cycle_finder_names_cycles(tmp_path):

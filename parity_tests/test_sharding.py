@@ -1,14 +1,14 @@
-"""Sharding: the mesh, the rule table, and training over 8 devices and over two processes.
+"""Sharding: the mesh, the rule table, and training over 8 devices.
 
 The suite's process runs JAX on one CPU device, so the 8-device cases run in one subprocess
-(``tools/sharding_worker.py``) and the two-process case through
-``python -m jaxformer.sharding launch`` (two processes of 4 devices, joined by JAX's distributed
-runtime), bounded in time, leaving no process behind. The tolerance (docs/design.md): sharded vs
-one device, losses equal to 1e-5 relative over 20 steps.
+(``tools/sharding_worker.py``), bounded in time, leaving no process behind; training over two
+processes is ``training/test_multiprocess.py``'s. The tolerance (docs/design.md): sharded vs one
+device, losses equal to 1e-5 relative over 20 steps.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,7 +24,6 @@ from jaxformer.config import BertConfig, GPTConfig, TransformerConfig
 from jaxformer.models.bert import BertForPreTraining
 from jaxformer.models.encoder_decoder import Transformer
 from jaxformer.models.gpt import GPT
-from jaxformer.sharding import demo
 
 ROOT = Path(__file__).resolve().parent.parent
 LOSS_RTOL = 1e-5
@@ -125,7 +124,7 @@ def eight_devices() -> dict:
     except subprocess.TimeoutExpired:  # subprocess.run kills the worker
         pytest.fail(f"the 8-device worker did not finish in {TIMEOUT} s")
     assert run.returncode == 0, run.stderr[-4000:]
-    return demo.result(run.stdout)
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("mesh", ["data=8", "fsdp=8", "data=2,tensor=4",
@@ -183,18 +182,3 @@ def test_generate_sharded_equals_one_device(eight_devices):
     assert result["params_devices"] == 8
     assert len(result["single"][0]) == 6 + 8
     assert result["sharded"] == result["single"]
-
-
-# ---------------------------------------------------------------------------------------------
-# Two processes of 4 devices, one 8-device mesh
-# ---------------------------------------------------------------------------------------------
-
-def test_two_processes_equal_one(eight_devices, monkeypatch):
-    monkeypatch.setenv("XLA_FLAGS", FAST_COMPILE)  # as the reference run in the worker
-    outputs = demo.launch(2, 4, ["--mesh", "data=2,fsdp=2,tensor=2", "--steps", "20"],
-                          timeout=TIMEOUT)
-    runs = [demo.result(out) for out in outputs]
-    assert [r["process"] for r in runs] == [0, 1]
-    assert all(r["processes"] == 2 and r["devices"] == 8 for r in runs)
-    assert runs[0]["losses"] == runs[1]["losses"]
-    assert rel_diff(eight_devices["losses"]["none"], runs[0]["losses"]) <= LOSS_RTOL

@@ -1,12 +1,9 @@
-"""``python -m jaxformer.sharding train|launch``: the demo trainer and its local launcher.
-
-The command lives in ``jaxformer.sharding.demo`` (``docs/scale.md``); this file only runs it, so
-that importing the ``jaxformer.sharding`` package never pulls in the training code.
-"""
+"""``python -m jaxformer.sharding launch --processes N --local-devices D -- TRAIN_ARGS``: several
+``jaxformer train`` processes on this machine (``jaxformer.sharding.launch``)."""
 
 import sys
 
-from jaxformer.sharding.demo import main
+from jaxformer.sharding.launch import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,5 +1,6 @@
 """Meshes and placement: building the ``("data", "fsdp", "tensor")`` mesh, placing model and
-optimizer state and host batches on it, and joining JAX's distributed runtime.
+optimizer state and host batches on it (joining JAX's distributed runtime is
+``sharding.distributed``'s).
 
 Part of the library (``training.step`` and ``training.loop`` use it through
 ``jaxformer.sharding``); the logical-axis rules it applies are in ``sharding.rules``.
@@ -149,32 +150,40 @@ def check_batch_size(micro_batch_size: int, mesh: jax.sharding.Mesh) -> None:
                          f"{','.join(f'{a}={n}' for a, n in mesh.shape.items())}")
 
 
+def process_rows(mesh: jax.sharding.Mesh, size: int) -> tuple[int, int]:
+    """The rows ``(lo, hi)`` of a batch of ``size`` rows that this process's devices hold when
+    the batch is split over ``("data", "fsdp")``: what it builds (``data.Dataset(rows=)``). All
+    of them when the split stays within the process (or the batch is whole everywhere)."""
+    sharding = batch_sharding(mesh, (size,))
+    index = [i for i in sharding.addressable_devices_indices_map((size,)).values()
+             if i is not None]  # None: a device holding none of the array
+    rows = sorted({(s.start or 0, size if s.stop is None else s.stop) for (s,) in index})
+    lo, hi = rows[0][0], rows[-1][1]
+    if sum(b - a for a, b in rows) != hi - lo:
+        raise ValueError(f"this process's rows {rows} of the batch are not one block; order "
+                         f"the devices so that each process holds whole rows")
+    return lo, hi
+
+
 def shard_batch(batch: Mapping, mesh: jax.sharding.Mesh, batch_axis: int = 0) -> dict:
     """Host (numpy) arrays -> global arrays split over ``("data", "fsdp")`` along
-    ``batch_axis``. Every process holds the same host batch (``training.data`` builds it from the
-    step) and hands over only the rows of its own devices."""
+    ``batch_axis``. ``batch`` is either the whole batch (each process hands over only the rows of
+    its own devices) or, a ``training.data.Rows`` (``start``, ``total``), exactly the rows
+    :func:`process_rows` gives this process: what a process of a run over several builds."""
+    start, total = getattr(batch, "start", None), getattr(batch, "total", None)
     out = {}
     for name, host in batch.items():
         host = np.asarray(host)
-        sharding = batch_sharding(mesh, host.shape, batch_axis)
-        index = [i for i in sharding.addressable_devices_indices_map(host.shape).values()
-                 if i is not None]  # None: a device holding none of the array
-        rows = sorted({(s.start or 0, host.shape[batch_axis] if s.stop is None else s.stop)
-                       for s in (i[batch_axis] for i in index)})
-        lo, hi = rows[0][0], rows[-1][1]
-        if sum(b - a for a, b in rows) != hi - lo:
-            raise ValueError(f"batch {name!r}: this process's rows {rows} are not one block; "
-                             f"order the devices so that each process holds whole rows")
-        local = np.take(host, np.arange(lo, hi), axis=batch_axis)
-        out[name] = jax.make_array_from_process_local_data(sharding, local, host.shape)
+        shape = host.shape if total is None else (
+            *host.shape[:batch_axis], total, *host.shape[batch_axis + 1:])
+        lo, hi = process_rows(mesh, shape[batch_axis])
+        if total is None:
+            local = np.take(host, np.arange(lo, hi), axis=batch_axis)
+        elif (start, start + host.shape[batch_axis]) != (lo, hi):
+            raise ValueError(f"batch {name!r} holds rows {start}:{start + host.shape[batch_axis]}"
+                             f" of {total}, but this process feeds rows {lo}:{hi}")
+        else:
+            local = host
+        sharding = batch_sharding(mesh, shape, batch_axis)
+        out[name] = jax.make_array_from_process_local_data(sharding, local, shape)
     return out
-
-
-def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
-                           process_id: int | None = None) -> None:
-    """Join JAX's distributed runtime, before anything touches a device. With no arguments JAX
-    reads the cluster (SLURM, Kubernetes, Open MPI, Cloud TPU); on CPU, collectives go through
-    gloo."""
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                               process_id=process_id)

@@ -240,7 +240,8 @@ class Checkpointer:
     def set_aside(self, step: int) -> Path:
         """Move a damaged checkpoint to ``DIR-damaged/<step>`` (kept for inspection) and return
         where it went."""
-        moved = _set_aside(self.path(step), self.directory)
+        moved = _set_aside(self.path(step), self.directory, move=jax.process_index() == 0)
+        _barrier(f"jaxformer-set-aside-{step}")  # moved (by process 0) before anyone goes on
         self._manager.reload()  # orbax forgets the step, so that it can be saved anew
         return moved
 
@@ -249,11 +250,21 @@ class Checkpointer:
         self.remove_unfinished()
 
 
-def _set_aside(path: Path, directory: Path) -> Path:
+def _set_aside(path: Path, directory: Path, move: bool = True) -> Path:
+    """Where ``path`` goes in ``DIR-damaged/``; moved there when ``move`` (process 0 moves, the
+    others of a run over several processes only learn the name)."""
     target_dir = directory.with_name(f"{directory.name}-damaged")
-    target_dir.mkdir(parents=True, exist_ok=True)
     target, n = target_dir / path.name, 1
     while target.exists():
         target, n = target_dir / f"{path.name}.{n}", n + 1
-    shutil.move(str(path), str(target))
+    if move:
+        target_dir.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(path), str(target))
     return target
+
+
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)

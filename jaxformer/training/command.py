@@ -20,6 +20,7 @@ from typing import Any
 
 from jaxformer.config import DTYPES, PARAM_DTYPES, REMAT_POLICIES
 from jaxformer.frameworks import FRAMEWORKS
+from jaxformer.sharding import distributed
 from jaxformer.training import tasks
 from jaxformer.training.config import GPT_WINDOWS, SCHEDULES, TrainConfig, TrainConfigError
 from jaxformer.training.loop import CHECKPOINT_EVERY, PROGRESS, RunOptions
@@ -229,6 +230,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             keywords = {**keywords, "required": False,
                         "help": f"{keywords['help']} (required, here or in --config)"}
         groups[group].add_argument(*flags, **keywords)
+    distributed.add_arguments(parser)  # --coordinator, --num-processes, --process-id, ...
 
 
 def _values(args, group: str) -> dict:
@@ -271,6 +273,7 @@ def run(args) -> int:
 
     config_file.apply(args, FLAGS)  # --config FILE; a UsageError: jaxformer.cli.main reports
     try:
+        distributed.start(args)  # several processes: join them (before any device is used)
         config = config_from_args(args)
         options = RunOptions(**_values(args, "run"), **_values(args, "output"),
                              warmup_given=args.warmup is not None)
@@ -307,6 +310,8 @@ def run(args) -> int:
     except loop.TrainingDiverged as error:
         print(f"jaxformer train: {error}", file=sys.stderr)
         return 1
+    if not distributed.is_primary():
+        return 0
     print(f"trained {args.family} ({args.framework}) to step {result.final_step}; metrics "
           f"{result.metrics_path}, plot {result.plot_path}, checkpoints "
           f"{result.run_dir / 'checkpoints'}")

@@ -4,6 +4,9 @@ Both frameworks train on the very batches built here. A task (``jaxformer.traini
 a text into examples; this module reads the file, encodes and pads, holds examples out for
 evaluation, and serves them as a :class:`Dataset`: batches are a pure function of ``(seed,
 position)``, so a checkpoint need only record the position to resume the exact same stream.
+Each row is a function of ``(seed, position, row)`` too, so a process of a run over several
+builds only its own rows of the global batch (``rows=``, a :class:`Rows`), and they are the rows
+the one-process run would have built.
 """
 
 from __future__ import annotations
@@ -70,11 +73,42 @@ def split(n: int, eval_fraction: float) -> tuple[np.ndarray, np.ndarray]:
 
 # --------------------------------------------------------------------------------- datasets
 
+class Rows(dict):
+    """Rows ``start`` to ``start + n`` (along the batch axis) of a batch of ``total`` rows: what
+    one process of a run over several builds (``Dataset.micro_batch(..., rows=)``). A plain
+    dict of arrays otherwise; ``jaxformer.sharding.shard_batch`` assembles the global batch."""
+
+    def __init__(self, arrays: dict, start: int, total: int):
+        super().__init__(arrays)
+        self.start, self.total = start, total
+
+
+class RowGenerators:
+    """The random generators of rows ``start, start + 1, ...`` of micro-batch ``position``, one
+    per row, made when first asked for: ``rngs[r]`` is seeded by ``(seed, stream, position,
+    start + r)``, so a row draws the same numbers whichever process builds it."""
+
+    def __init__(self, seed: int, stream: int, position: int, start: int):
+        self._key, self._start = (seed, stream, 1, position), start
+
+    def __getitem__(self, r: int) -> np.random.Generator:
+        return np.random.default_rng([*self._key, self._start + r])
+
+
+def _row_range(rows, size: int) -> tuple[int, int]:
+    lo, hi = (0, size) if rows is None else (int(rows[0]), int(rows[1]))
+    if not 0 <= lo < hi <= size:
+        raise ValueError(f"rows {lo}:{hi} are not a non-empty part of a batch of {size}")
+    return lo, hi
+
+
 class Dataset:
     """A task's examples (``task``: its key, e.g. ``"gpt"``) and how to batch them.
     ``micro_batch(position)`` is the ``position``-th micro-batch of the stream;
     ``update_batch(step)`` stacks the ``accumulation_steps`` micro-batches of one optimizer update
-    on a leading axis."""
+    on a leading axis. Given ``rows=(lo, hi)``, both build only those rows of each micro-batch
+    (a :class:`Rows`). ``make(indices, rngs)`` builds the examples ``indices``, row ``r`` drawing
+    its random numbers from ``rngs[r]`` alone (:class:`RowGenerators`)."""
 
     def __init__(self, task: str, num_examples: int, make, config: TrainConfig, *,
                  tokens_per_example: int, num_labels: int | None = None, stream: int = 0):
@@ -98,25 +132,31 @@ class Dataset:
                 [self.config.seed, self._stream, 0, epoch]).permutation(self.num_examples)
         return self._permutations[epoch]
 
-    def micro_batch(self, position: int, size: int | None = None) -> dict[str, np.ndarray]:
+    def micro_batch(self, position: int, size: int | None = None,
+                    rows: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
         size = self.config.micro_batch_size if size is None else size
-        flat = position * size + np.arange(size)
+        lo, hi = _row_range(rows, size)
+        flat = position * size + np.arange(lo, hi)
         epochs, within = np.divmod(flat, self.num_examples)
         indices = np.array([self._permutation(int(e))[i] for e, i in zip(epochs, within)])
-        rng = np.random.default_rng([self.config.seed, self._stream, 1, position])
-        return self._make(indices, rng)
+        batch = self._make(indices, RowGenerators(self.config.seed, self._stream, position, lo))
+        return batch if rows is None else Rows(batch, lo, size)
 
-    def update_batch(self, step: int) -> dict[str, np.ndarray]:
+    def update_batch(self, step: int, rows: tuple[int, int] | None = None
+                     ) -> dict[str, np.ndarray]:
         accum = self.config.accumulation_steps
-        micro = [self.micro_batch(step * accum + a) for a in range(accum)]
-        return {key: np.stack([m[key] for m in micro]) for key in micro[0]}
+        micro = [self.micro_batch(step * accum + a, rows=rows) for a in range(accum)]
+        stacked = {key: np.stack([m[key] for m in micro]) for key in micro[0]}
+        return stacked if rows is None else Rows(stacked, rows[0], self.config.micro_batch_size)
 
-    def eval_batches(self, max_batches: int) -> list[dict[str, np.ndarray]]:
+    def eval_batches(self, max_batches: int, rows: tuple[int, int] | None = None
+                     ) -> list[dict[str, np.ndarray]]:
         """Fixed evaluation batches: the same ones at every evaluation. They are the first
         :meth:`eval_count` batches of :meth:`eval_batch`: micro-batches of the stream (the
         seeded permutation of the examples, without repeating one), so a longer evaluation
-        (``jaxformer eval``) begins with the very batches a shorter one (training's) scores."""
-        return [self.eval_batch(k) for k in range(self.eval_count(max_batches))]
+        (``jaxformer eval``) begins with the very batches a shorter one (training's) scores.
+        ``rows``: only those rows of each (of :meth:`eval_batch_size`)."""
+        return [self.eval_batch(k, rows) for k in range(self.eval_count(max_batches))]
 
     def eval_count(self, max_batches: int | None = None) -> int:
         """How many evaluation batches ``max_batches`` gives: as many as asked, at most those
@@ -124,10 +164,14 @@ class Dataset:
         most = self.num_examples // self._eval_size()
         return max(1, most if max_batches is None else min(max_batches, most))
 
-    def eval_batch(self, k: int) -> dict[str, np.ndarray]:
+    def eval_batch(self, k: int, rows: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
         """The ``k``-th evaluation batch: ``micro_batch(k)`` of ``micro_batch_size`` examples
         (all of them when there are fewer)."""
-        return self.micro_batch(k, self._eval_size())
+        return self.micro_batch(k, self._eval_size(), rows)
+
+    def eval_batch_size(self) -> int:
+        """The rows of each evaluation batch: a micro-batch, or every example if fewer."""
+        return self._eval_size()
 
     def _eval_size(self) -> int:
         return min(self.config.micro_batch_size, self.num_examples)
@@ -148,18 +192,25 @@ class RandomWindows(Dataset):
                          stream=stream)
         self.tokens = tokens
 
-    def micro_batch(self, position: int, size: int | None = None) -> dict[str, np.ndarray]:
+    def micro_batch(self, position: int, size: int | None = None,
+                    rows: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
         size = self.config.micro_batch_size if size is None else size
+        lo, hi = _row_range(rows, size)
         rng = np.random.default_rng([self.config.seed, self._stream, 2, position])
-        offsets = rng.integers(0, self.num_examples, size)
+        offsets = rng.integers(0, self.num_examples, size)[lo:hi]  # cheap: draw all, keep ours
         windows = self.tokens[offsets[:, None] + np.arange(self.config.seq_len + 1)]
-        return {"input_ids": windows[:, :-1], "attention_mask": np.ones_like(windows[:, :-1]),
-                "labels": windows[:, 1:]}
+        batch = {"input_ids": windows[:, :-1], "attention_mask": np.ones_like(windows[:, :-1]),
+                 "labels": windows[:, 1:]}
+        return batch if rows is None else Rows(batch, lo, size)
 
-    def eval_batches(self, max_batches: int) -> list[dict[str, np.ndarray]]:
+    def eval_batch_size(self) -> int:
+        return self.config.micro_batch_size
+
+    def eval_batches(self, max_batches: int, rows: tuple[int, int] | None = None
+                     ) -> list[dict[str, np.ndarray]]:
         """``max_batches`` random batches of the stream, the same ones at every evaluation
         (nanoGPT's ``estimate_loss`` draws fresh ones each time)."""
-        return [self.eval_batch(k) for k in range(self.eval_count(max_batches))]
+        return [self.eval_batch(k, rows) for k in range(self.eval_count(max_batches))]
 
     def eval_count(self, max_batches: int | None = None) -> int:
         """``max_batches``; None: as many batches as cover the tokens once on average
@@ -169,8 +220,8 @@ class RandomWindows(Dataset):
         per_batch = self.config.micro_batch_size * self.config.seq_len
         return max(1, -(-len(self.tokens) // per_batch))
 
-    def eval_batch(self, k: int) -> dict[str, np.ndarray]:
-        return self.micro_batch(k)
+    def eval_batch(self, k: int, rows: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+        return self.micro_batch(k, rows=rows)
 
 
 # ------------------------------------------------------------------------- greedy samples

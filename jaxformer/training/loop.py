@@ -7,8 +7,10 @@ reports through ``reporting``; the run's files are ``rundir``'s. Nothing here im
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -141,9 +143,9 @@ def prepare(config: TrainConfig, options: RunOptions, status: startup.Status | N
     status = status or startup.Status(enabled=False)
     options.check()
     if options.mesh:  # the mesh fits the devices and the batch, before anything is written
-        from jaxformer.sharding import check_batch_size, make_mesh
+        from jaxformer.sharding import distributed
 
-        check_batch_size(config.micro_batch_size, make_mesh(options.mesh))
+        distributed.check_mesh(options.mesh, config.micro_batch_size)
     run_dir = rundir.run_directory(options.checkpoint_dir, options.family, options.preset)
     rundir.check_usable(run_dir, options.resume)
     rundir.check_outputs(run_dir, options)
@@ -184,6 +186,9 @@ def prepare(config: TrainConfig, options: RunOptions, status: startup.Status | N
                             data.file_sha256(options.data))
     if options.val_data:
         identity["val_data_sha256"] = data.file_sha256(options.val_data)
+    # several processes: the same run and tokenizer everywhere (every process has made its
+    # checks by now: this waits for all), then process 0 alone writes
+    primary = _processes_agree(identity, tokenizer)
     if options.resume:
         identity = rundir.extension(run_dir, saved_run, identity, options)
         saved = saved_run["identity"]
@@ -194,12 +199,24 @@ def prepare(config: TrainConfig, options: RunOptions, status: startup.Status | N
             if extended else saved)
         updated = {**saved_run, "identity": identity,  # extended: the run is now this long
                    "evaluation": _evaluation(options)}
-        if updated != saved_run:
+        if updated != saved_run and primary:
             rundir.write_atomic(run_dir / "run.json", json.dumps(updated, indent=1))
-    else:
+    elif primary:
         rundir.write_run(run_dir, identity, tokenizer, getattr(train_set, "label_names", None),
                          _evaluation(options))
     return run_dir, identity, model_cfg, train_set, eval_set
+
+
+def _processes_agree(identity: dict, tokenizer) -> bool:
+    """With several processes (``sharding.distributed``): refuse unless every process describes
+    the same run and built the same tokenizer. True for the process that writes the run's files
+    (process 0, or the only one)."""
+    from jaxformer.sharding import distributed
+
+    distributed.check_same("the run (flags, data file, model)", json.dumps(identity,
+                                                                        sort_keys=True))
+    distributed.check_same("the tokenizer", tokenizer.to_str())
+    return distributed.is_primary()
 
 
 def _evaluation(options: RunOptions) -> dict:
@@ -228,8 +245,12 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
     table (``command.FLAGS``), the resolved run is written to ``DIR/config.toml``
     (``config_file``), which ``--config`` runs again.
     """
-    stream = options.stream or sys.stdout
-    status = startup.Status(stream, enabled=options.progress != "none")
+    from jaxformer.sharding import distributed  # several processes (nothing with one)
+
+    primary = distributed.is_primary()  # writes the run's files and reports; the others train
+    stream = (options.stream or sys.stdout) if primary else io.StringIO()
+    progress = options.progress if primary else "none"
+    status = startup.Status(stream, enabled=progress != "none")
     run_dir, identity, model_cfg, train_set, eval_set = prepare(config, options, status)
     config = TrainConfig(**identity["train_config"])  # resolved (an extension keeps its warm-up)
     family = options.family
@@ -239,18 +260,22 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
     checkpointer = checkpointer_cls(run_dir / "checkpoints", keep=options.keep)
     start = _resume(checkpointer, trainer, config, options, run_dir, stream) if options.resume \
         else 0
-    if flags is not None:  # the command's FLAGS: DIR/config.toml, which --config runs again;
-        config_file.write(run_dir, config, options, flags)  # after a refused resume, untouched
+    if flags is not None and primary:  # the command's FLAGS: DIR/config.toml, which
+        config_file.write(run_dir, config, options, flags)  # --config runs again; after a
+        # refused resume, untouched
     status.block(f"jaxformer train: {family} ({options.framework})", startup.summary_rows(
         family, options, model_cfg, config, trainer, train_set, eval_set, run_dir, start))
     metrics_path, plot_path = rundir.output_paths(run_dir, options)
-    kept = ([r for r in reporting.read_metrics(metrics_path) if r["step"] <= start]
-            if options.resume else [])
-    rundir.write_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+    if primary:
+        kept = ([r for r in reporting.read_metrics(metrics_path) if r["step"] <= start]
+                if options.resume else [])
+        rundir.write_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
     step_flops = tasks.get(family).step_flops(model_cfg, config)
-    eval_sets = eval_set.eval_batches(options.eval_batches) if eval_set is not None else []
+    eval_sets = (eval_set.eval_batches(options.eval_batches, distributed.batch_rows(
+        trainer, eval_set.eval_batch_size())) if eval_set is not None else [])
+    rows = distributed.batch_rows(trainer, config.micro_batch_size)  # this process's rows
     eval_key = "val_loss" if options.val_data else "eval_loss"  # the validation file's, or not
-    use_bar = options.progress == "bar" or (options.progress == "auto" and sys.stderr.isatty())
+    use_bar = progress == "bar" or (progress == "auto" and sys.stderr.isatty())
     bar = None
 
     def progress_bar():  # after the compile phase's line, so that the two do not mix
@@ -268,9 +293,9 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
 
     losses, saved_at, interrupted, aborted = [], start if options.resume else None, None, False
     try:
-        with open(metrics_path, "a") as metrics_file, signals:
+        with open(metrics_path if primary else os.devnull, "a") as metrics_file, signals:
             for step in range(start, config.steps):
-                batch = train_set.update_batch(step)
+                batch = train_set.update_batch(step, rows)
                 began = time.perf_counter()
                 if step == start:  # the first update of a process compiles the step
                     with status.phase("compile", _compile_phase(options.framework)):
@@ -299,21 +324,23 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
                 losses.append(result["loss"])
-                reporting.report(record, config.steps, bar, options.progress,
+                reporting.report(record, config.steps, bar, progress,
                                  options.log_every, stream, last)
                 if options.checkpoint_every and (step + 1) % options.checkpoint_every == 0:
                     save()
                     saved_at = trainer.step
-                if signals.received and not last:
-                    interrupted = signals.received
+                # every process stops after the same step (a signal may reach only one)
+                if distributed.any_process(signals.received is not None) and not last:
+                    interrupted = signals.received or "a signal to another process"
                     break
             # the end of the run, or an interrupt: the state reached is always saved
             if saved_at != trainer.step:
                 save()
                 saved_at = trainer.step
             if options.export_hf and not interrupted:
-                export_hf(trainer.sync(), run_dir, Path(options.export_hf),
-                          options.overwrite)
+                model = distributed.whole_model(trainer)
+                if primary:
+                    export_hf(model, run_dir, Path(options.export_hf), options.overwrite)
     except RunAborted:
         aborted = True
         raise
@@ -321,7 +348,7 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
         if bar is not None:
             bar.close()
         checkpointer.close()  # removes an unfinished save's temporary directory
-        if not aborted:
+        if not aborted and primary:
             records = reporting.read_metrics(metrics_path)
             if records:
                 reporting.plot_losses(records, plot_path,

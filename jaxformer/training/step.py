@@ -157,8 +157,17 @@ class TrainStep:
 
 
 def _copy(tree):
-    """New buffers with the same values (a device copy; nothing to compile)."""
-    return jax.device_put(tree, may_alias=False)
+    """New buffers with the same values, where they are (a device copy; nothing to compile),
+    arrays spread over several processes included."""
+    def copy(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return _device_copy(x)  # device_put cannot name another process's devices
+        return jax.device_put(x, may_alias=False)
+
+    return jax.tree.map(copy, tree)
+
+
+_device_copy = jax.jit(jnp.copy)  # a new buffer with the input's sharding, PRNG keys included
 
 
 def _train_fn(task, graphdef, tx, config: TrainConfig):

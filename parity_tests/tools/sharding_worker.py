@@ -21,11 +21,40 @@ from flax import nnx
 
 from jaxformer import sharding
 from jaxformer.generation import generate
-from jaxformer.sharding import demo
 from jaxformer.training.checkpoint import Checkpointer
 
 STEPS = 20
 MESHES = ("data=8", "fsdp=8", "data=2,tensor=4", "data=2,fsdp=2,tensor=2")
+
+
+def demo_config():
+    """GPT tiny with one block, 128 tokens and 128 intermediate units: every size divides 8, so
+    each weight is split on every mesh of 8 devices (4 heads: ``tensor`` up to 4)."""
+    import dataclasses
+
+    from jaxformer.config import GPTConfig
+
+    return dataclasses.replace(GPTConfig.tiny(), num_layers=1, vocab_size=128,
+                               intermediate_size=128)
+
+
+def demo_trainer(mesh_spec: str, steps: int, seed: int = 0, batch_size: int = 8,
+                 seq_len: int = 16):
+    """``(trainer, dataset)``: the :func:`demo_config` GPT on ``mesh_spec`` (``"none"``: one
+    device) and random windows of a random phrase of 64 tokens repeated: learnable, so the losses
+    fall and the runs compared really move their weights."""
+    from jaxformer.training import data, step
+    from jaxformer.training.config import TrainConfig
+
+    model_config = demo_config()
+    config = TrainConfig(steps=steps, batch_size=batch_size, seq_len=seq_len, warmup_steps=2,
+                         seed=seed, learning_rate=3e-3)
+    phrase = np.random.default_rng(seed).integers(0, model_config.vocab_size, 64)
+    tokens = np.tile(phrase, 64)
+    mesh = None if mesh_spec == "none" else sharding.make_mesh(mesh_spec)
+    trainer = step.TrainStep("gpt", step.build_model("gpt", model_config, seed), config,
+                             mesh=mesh)
+    return trainer, data.RandomWindows(tokens, config)
 
 
 def spec(x) -> list:
@@ -59,7 +88,7 @@ def placements(trainer) -> dict:
 
 
 def train(mesh: str, steps: int = STEPS):
-    trainer, dataset = demo.demo_trainer(mesh, steps)
+    trainer, dataset = demo_trainer(mesh, steps)
     return trainer, dataset, [trainer(dataset.update_batch(i))["loss"] for i in range(steps)]
 
 
@@ -87,7 +116,7 @@ def main() -> None:
         checkpointer.save(source, {"step": source.step})
         restored = {}
         for target in ("fsdp=8", "none"):
-            trainer, _ = demo.demo_trainer(target, STEPS)
+            trainer, _ = demo_trainer(target, STEPS)
             checkpointer.restore(trainer)
             restored[target] = {
                 "step": trainer.step,

@@ -63,29 +63,31 @@ class BertPretraining(Task):
             return tokens, types
 
         def choose(input_ids, attention_mask, candidates, rng):
-            """-> ``chosen (B, T)`` (the tokens to predict), ``masked_positions``,
+            """One row: -> ``chosen (T,)`` (the tokens to predict), ``masked_positions``,
             ``mlm_labels``."""
             if not config.max_predictions:  # dense: every position carries a label or -100
-                chosen = candidates & (rng.random(input_ids.shape) < config.mlm_probability)
-                positions = np.broadcast_to(np.arange(T, dtype=np.int32), input_ids.shape).copy()
+                chosen = candidates & (rng.random(T) < config.mlm_probability)
+                positions = np.arange(T, dtype=np.int32)
                 return chosen, positions, np.where(chosen, input_ids, IGNORE_INDEX).astype(np.int32)
             P = min(config.max_predictions, T)
-            counts = np.round(attention_mask.sum(1) * config.mlm_probability).astype(int)
-            counts = np.minimum(np.minimum(P, np.maximum(1, counts)), candidates.sum(1))
+            n = min(P, max(1, round(attention_mask.sum() * config.mlm_probability)),
+                    candidates.sum())
             chosen = np.zeros_like(candidates)
-            positions = np.zeros((len(input_ids), P), np.int32)
-            mlm_labels = np.full((len(input_ids), P), IGNORE_INDEX, np.int32)
-            for r, n in enumerate(counts):
-                picked = np.sort(rng.choice(np.flatnonzero(candidates[r]), n, replace=False))
-                chosen[r, picked] = True
-                positions[r, :n] = picked
-                mlm_labels[r, :n] = input_ids[r, picked]
+            positions = np.zeros(P, np.int32)
+            mlm_labels = np.full(P, IGNORE_INDEX, np.int32)
+            picked = np.sort(rng.choice(np.flatnonzero(candidates), n, replace=False))
+            chosen[picked] = True
+            positions[:n] = picked
+            mlm_labels[:n] = input_ids[picked]
             return chosen, positions, mlm_labels
 
         def dataset(subset, stream_id):
-            def make(indices, rng):
+            def make(indices, rngs):
+                # each row draws from its own generator (data.RowGenerators), in this order:
+                # the NSP partner, the positions to predict, their replacement
+                gens = [rngs[r] for r in range(len(indices))]
                 rows, type_rows, nsp = [], [], []
-                for k in indices:
+                for k, rng in zip(indices, gens):
                     i = subset[k]
                     follows = k + 1 < len(subset) and documents[subset[k + 1]] == documents[i]
                     if follows and rng.random() < 0.5:
@@ -99,17 +101,22 @@ class BertPretraining(Task):
                 input_ids = data.pad(rows, T, pad)
                 attention_mask = (input_ids != pad).astype(np.int32)
                 candidates = attention_mask.astype(bool) & ~np.isin(input_ids, special)
-                chosen, positions, mlm_labels = choose(input_ids, attention_mask, candidates, rng)
-                roll = rng.random(input_ids.shape)
-                replaced = np.where(chosen & (roll < 0.8), mask_id, input_ids)
-                random_tokens = (rng.choice(ordinary, size=input_ids.shape) if len(ordinary)
-                                 else pad)
-                replaced = np.where(chosen & (roll >= 0.8) & (roll < 0.9), random_tokens,
-                                    replaced)
-                return {"input_ids": replaced.astype(np.int32),
+                replaced, positions, mlm_labels = [], [], []
+                for r, rng in enumerate(gens):
+                    chosen, where, labels = choose(input_ids[r], attention_mask[r],
+                                                   candidates[r], rng)
+                    roll = rng.random(T)
+                    row = np.where(chosen & (roll < 0.8), mask_id, input_ids[r])
+                    random_tokens = rng.choice(ordinary, size=T) if len(ordinary) else pad
+                    replaced.append(np.where(chosen & (roll >= 0.8) & (roll < 0.9),
+                                             random_tokens, row))
+                    positions.append(where)
+                    mlm_labels.append(labels)
+                return {"input_ids": np.stack(replaced).astype(np.int32),
                         "token_type_ids": data.pad(type_rows, T, 0),
                         "attention_mask": attention_mask,
-                        "masked_positions": positions, "mlm_labels": mlm_labels,
+                        "masked_positions": np.stack(positions),
+                        "mlm_labels": np.stack(mlm_labels),
                         "nsp_labels": np.array(nsp, np.int32)}
             return Dataset(self.name, len(subset), make, config, tokens_per_example=T,
                            stream=stream_id)

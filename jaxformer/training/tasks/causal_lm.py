@@ -55,7 +55,7 @@ class CausalLM(Task):
         train, held = data.split(len(windows), eval_fraction)
 
         def dataset(rows, stream_id):
-            def make(indices, rng):
+            def make(indices, rngs):
                 ids = windows[rows[indices]]
                 return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
             return Dataset(self.name, len(rows), make, config, tokens_per_example=T,

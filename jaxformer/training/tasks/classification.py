@@ -39,7 +39,7 @@ class Classification(Task):
         train, held = data.split(len(rows), eval_fraction)
 
         def dataset(subset, stream_id):
-            def make(indices, rng):
+            def make(indices, rngs):
                 pick = subset[indices]
                 return {"input_ids": input_ids[pick],
                         "token_type_ids": np.zeros_like(input_ids[pick]),

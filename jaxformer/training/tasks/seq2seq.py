@@ -59,7 +59,7 @@ class Seq2Seq(Task):
         train, held = data.split(len(pairs), eval_fraction)
 
         def dataset(subset, stream_id):
-            def make(indices, rng):
+            def make(indices, rngs):
                 pick = subset[indices]
                 return {key: value[pick] for key, value in arrays.items()}
             return Dataset(self.name, len(subset), make, config, tokens_per_example=2 * T,
