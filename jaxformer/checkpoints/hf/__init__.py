@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints in and out: BERT (four architectures) and GPT-2 (two).
+"""Hugging Face checkpoints in and out: BERT (four architectures), GPT-2 (two), MarianMT and
+BART (``MarianMTModel``, ``BartForConditionalGeneration``: the encoder-decoder ``Transformer``).
 
 ``from_pretrained(directory)`` reads a local Hugging Face model directory into a jaxformer model
 (or, with ``framework="torch"``, its twin, named through ``jaxformer.frameworks``);
@@ -11,8 +12,8 @@
 # The package: ``engine`` applies key tables (tunix-style: checkpoint key pattern -> our
 # torch-style key(s) plus a named transform; ``jaxformer.checkpoints.convert`` then applies its four
 # leaf rules), ``files`` reads and writes the directory, and one file per family (``bert``,
-# ``gpt2``) holds its table, architectures, ``config.json`` mapping and buffers. A new family is
-# one new file whose ``FAMILY`` is added to :data:`FAMILIES` below.
+# ``gpt2``, ``marian``, ``bart``) holds its table, architectures, ``config.json`` mapping and
+# buffers. A new family is one new file whose ``FAMILY`` is added to :data:`FAMILIES` below.
 #
 # Loading is strict (see ``engine.map_checkpoint``): every checkpoint key matched once or explicitly
 # ignored (buffers; heads an architecture does not use, dropped with a warning), every model key
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxformer import frameworks
-from jaxformer.checkpoints.hf import bert, gpt2
+from jaxformer.checkpoints.hf import bart, bert, gpt2, marian
 from jaxformer.checkpoints.hf.engine import (
     Architecture,
     CheckpointError,
@@ -57,7 +58,8 @@ __all__ = ["ARCHITECTURES", "FAMILIES", "Architecture", "CheckpointError", "Fami
            "UnsupportedConfigError", "config_from_hf", "config_to_hf", "from_pretrained",
            "key_table", "read_checkpoint", "save_pretrained"]
 
-FAMILIES: tuple[Family, ...] = (bert.FAMILY, gpt2.FAMILY)  # the one place a family is registered
+# the one place a family is registered
+FAMILIES: tuple[Family, ...] = (bert.FAMILY, gpt2.FAMILY, marian.FAMILY, bart.FAMILY)
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for f in FAMILIES for a in f.architectures()}
 
 
@@ -101,10 +103,12 @@ def config_from_hf(hf: dict, architecture: str, *, source: str = CONFIG):
 def config_to_hf(config, architecture: str) -> dict:
     """The Hugging Face ``config.json`` dict for our config; refuses what Hugging Face lacks."""
     arch = _architecture(architecture)
-    return {"architectures": [arch.name], "model_type": arch.family.model_type,
-            "vocab_size": config.vocab_size, "initializer_range": config.initializer_range,
-            "tie_word_embeddings": config.tie_word_embeddings, "add_cross_attention": False,
-            "dtype": "float32", **arch.family.config_to_hf(config, arch)}
+    common = {"architectures": [arch.name], "model_type": arch.family.model_type,
+              "initializer_range": config.initializer_range,
+              "tie_word_embeddings": config.tie_word_embeddings, "dtype": "float32"}
+    if hasattr(config, "vocab_size"):  # BERT and GPT-2 (the encoder-decoder has two sizes)
+        common.update(vocab_size=config.vocab_size, add_cross_attention=False)
+    return {**common, **arch.family.config_to_hf(config, arch)}
 
 
 def _pick_architecture(hf: dict, architecture: str | None, source: Path) -> Architecture:
@@ -182,9 +186,10 @@ def _export_architecture(model) -> Architecture:
     for family in FAMILIES:
         modules = tuple(f"{package}.models.{family.module}"
                         for package in frameworks.PACKAGES.values())
-        if cls.__module__ in modules and cls.__name__ in family.exports:
+        if (cls.__module__ in modules and cls.__name__ in family.exports
+                and family.exports_config(model.config)):
             return ARCHITECTURES[family.exports[cls.__name__]]
-    exportable = [name for family in FAMILIES for name in family.exports]
+    exportable = sorted({name for family in FAMILIES for name in family.exports})
     raise UnsupportedConfigError(f"cannot export {cls.__module__}.{cls.__name__}; "
                                  f"save_pretrained exports {', '.join(exportable)}")
 
