@@ -245,6 +245,22 @@ class TransformerConfig(_ModelConfig):
                    max_position_embeddings=64, share_embeddings=False, tie_word_embeddings=False)
 
     @classmethod
+    def marian(cls) -> TransformerConfig:
+        """MarianMT base, the size of the Helsinki-NLP opus-mt models (6+6 layers, d_model 512, 8
+        heads, d_ff 2048, swish, MarianMT's sinusoidal layout, scaled shared embeddings, logits
+        bias, vocabulary 58101): exports as ``MarianMTModel``."""
+        return cls(src_vocab_size=58101, tgt_vocab_size=58101, max_position_embeddings=512,
+                   activation="silu", attention_dropout_rate=0.0, sinusoidal_layout="split",
+                   final_logits_bias=True)
+
+    @classmethod
+    def marian_tiny(cls) -> TransformerConfig:
+        """``tiny``'s sizes with MarianMT's choices (``marian``): a test-sized exportable model."""
+        return dataclasses.replace(cls.marian(), src_vocab_size=29, tgt_vocab_size=29,
+                                   hidden_size=32, num_encoder_layers=2, num_decoder_layers=2,
+                                   num_heads=4, intermediate_size=37, max_position_embeddings=64)
+
+    @classmethod
     def simple_transformer(cls) -> TransformerConfig:
         """Seed 002's ``Transformer`` defaults (vocabularies of 10 from its example)."""
         return cls(src_vocab_size=10, tgt_vocab_size=10, hidden_size=256, num_heads=8,

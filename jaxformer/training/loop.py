@@ -166,6 +166,12 @@ def prepare(config: TrainConfig, options: RunOptions):
     if config.seq_len > model_cfg.max_position_embeddings:
         raise ValueError(f"seq_len ({config.seq_len}) exceeds the {options.preset} preset's "
                          f"max_position_embeddings ({model_cfg.max_position_embeddings})")
+    if options.export_hf:  # refused before training, not after it
+        from jaxformer.checkpoints.hf import UnsupportedConfigError, export_architecture
+        try:
+            export_architecture(task.model_module.removeprefix("models."), task.model, model_cfg)
+        except UnsupportedConfigError as error:
+            raise ValueError(f"--export-hf: the {options.preset} preset {error}") from None
     identity = run_identity(options.family, options.framework, model_cfg, config,
                             data.file_sha256(options.data))
     if options.val_data:
@@ -337,7 +343,14 @@ def export_hf(model, run_dir: Path, path: Path, overwrite: bool = False) -> None
                             keep={f"the run directory ({run_dir})": run_dir})
     files = {"tokenizer.json": (run_dir / "tokenizer.json").read_bytes()}
     marker = outputs.marker_text(rundir.EXPORT_KIND, [CONFIG, SAFETENSORS, *files])
-    save_pretrained(model, path, overwrite=True,
+    generation = None
+    if type(model).__name__ == "Transformer":  # the transformer task's start and end tokens
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(run_dir / "tokenizer.json"))
+        generation = {"decoder_start_token_id": tokenizer.token_to_id("[CLS]"),
+                      "eos_token_id": tokenizer.token_to_id("[SEP]")}
+    save_pretrained(model, path, overwrite=True, generation=generation,
                     extra_files={**files, outputs.MARKER: marker.encode()})
 
 

@@ -327,3 +327,42 @@ def test_import_randomized_twins_stay_twins(saved):
     args = batch(jax_model.config, seed=4)
     ours_j, ours_t = our_run(jax_model, *args), our_run(torch_model, *args)
     assert_same(ours_t, ours_j, args[2], args[3], "jax vs torch")
+
+
+# ---------------------------------------------------------------------------------------------
+# train --export-hf for the transformer family
+# ---------------------------------------------------------------------------------------------
+
+def test_train_exports_marian_with_its_start_and_end_tokens(tmp_path):
+    """``jaxformer train --family transformer --preset marian_tiny --export-hf DIR``: transformers
+    loads the export as a MarianMTModel with the run's tokens as decoder start ([CLS]) and eos
+    ([SEP]), and computes the logits of the model the run's final checkpoint restores."""
+    from jaxformer import cli
+    from jaxformer.training.checkpoint import Checkpointer
+    from jaxformer.training.config import TrainConfig
+    from jaxformer.training.step import TrainStep, build_model
+    from parity_tests.support.training import write_corpus
+
+    data = write_corpus(tmp_path / "corpus.txt", lines=60)
+    run_dir, export = tmp_path / "run", tmp_path / "hf"
+    assert cli.main(["train", "--family", "transformer", "--preset", "marian_tiny", "--data",
+                     data, "--steps", "3", "--seq-len", "16", "--vocab-size", "40",
+                     "--checkpoint-dir", str(run_dir), "--export-hf", str(export)]) == 0
+    identity = json.loads((run_dir / "run.json").read_text())["identity"]
+    config = TransformerConfig(**{k: v for k, v in identity["model_config"].items()
+                                  if k != "class"})
+    trainer = TrainStep("transformer", build_model("transformer", config, 123),
+                        TrainConfig(**identity["train_config"]))
+    Checkpointer(run_dir / "checkpoints").restore(trainer)
+    ours = trainer.sync()
+    ours.eval()
+    hf_config = json.loads((export / "config.json").read_text())
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(str(export / "tokenizer.json"))
+    assert (hf_config["architectures"], hf_config["decoder_start_token_id"],
+            hf_config["eos_token_id"], hf_config["pad_token_id"]) == (
+        ["MarianMTModel"], tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]"),
+        tokenizer.token_to_id("[PAD]"))
+    reference = transformers.MarianMTModel.from_pretrained(export).eval()
+    args = batch(config)
+    assert_same(hf_run(reference, *args), our_run(ours, *args), args[2], args[3], "trained")

@@ -55,7 +55,8 @@ from jaxformer.checkpoints.hf.files import (
 )
 
 __all__ = ["ARCHITECTURES", "FAMILIES", "Architecture", "CheckpointError", "Family", "Rule",
-           "UnsupportedConfigError", "config_from_hf", "config_to_hf", "from_pretrained",
+           "UnsupportedConfigError", "config_from_hf", "config_to_hf", "export_architecture",
+           "from_pretrained",
            "key_table", "read_checkpoint", "save_pretrained"]
 
 # the one place a family is registered
@@ -194,6 +195,26 @@ def _export_architecture(model) -> Architecture:
                                  f"save_pretrained exports {', '.join(exportable)}")
 
 
+def export_architecture(module: str, class_name: str, config) -> str:
+    """The Hugging Face architecture ``save_pretrained`` would write for our class
+    ``jaxformer.models.<module>.<class_name>`` built from ``config``; raises
+    :class:`UnsupportedConfigError` (the reason) when it would refuse. ``train --export-hf``
+    asks before training."""
+    for family in FAMILIES:
+        if (family.module == module and class_name in family.exports
+                and family.exports_config(config)):
+            name = family.exports[class_name]
+            config_to_hf(config, name)  # raises what the export would
+            return name
+    raise UnsupportedConfigError(f"cannot export jaxformer.models.{module}.{class_name}")
+
+
+# Generation settings a model's config.json may carry (transformers reads them as defaults of
+# generate); a jaxformer config holds none of them, so an export writes only those it is given.
+GENERATION_FIELDS = ("decoder_start_token_id", "bos_token_id", "eos_token_id",
+                     "forced_bos_token_id", "forced_eos_token_id")
+
+
 def _our_state_dict(model) -> dict[str, np.ndarray]:
     if hasattr(model, "state_dict"):  # torch_ref
         return {k: float_numpy(v) for k, v in model.state_dict().items()}
@@ -202,7 +223,8 @@ def _our_state_dict(model) -> dict[str, np.ndarray]:
 
 
 def save_pretrained(model, path: str | os.PathLike, *, overwrite: bool = False,
-                    extra_files: Mapping[str, bytes] | None = None) -> Path:
+                    extra_files: Mapping[str, bytes] | None = None,
+                    generation: Mapping[str, int | None] | None = None) -> Path:
     """Write ``model`` (jaxformer or torch_ref) as a Hugging Face directory: ``config.json``
     (with ``architectures``) and ``model.safetensors`` (float32, tied weights stored once).
 
@@ -210,7 +232,9 @@ def save_pretrained(model, path: str | os.PathLike, *, overwrite: bool = False,
     nothing half-written. A non-empty existing ``path`` is refused unless ``overwrite=True``, which
     replaces the directory as a whole (files such as a tokenizer are not kept); an existing
     directory's permission bits are kept. ``extra_files`` (name -> bytes, e.g. a tokenizer)
-    are written into the same directory, in the same atomic step. Returns the path.
+    are written into the same directory, in the same atomic step. ``generation`` sets
+    :data:`GENERATION_FIELDS` of ``config.json`` (e.g. a trained translation model's
+    ``decoder_start_token_id`` and ``eos_token_id``). Returns the path.
     """
     import json
 
@@ -220,6 +244,13 @@ def save_pretrained(model, path: str | os.PathLike, *, overwrite: bool = False,
     config = model.config
     options = arch.family.options_of(model)
     hf_config = config_to_hf(config, arch.name)
+    for field, value in (generation or {}).items():
+        if field not in GENERATION_FIELDS:
+            raise ValueError(f"generation: {field!r} is not one of {GENERATION_FIELDS}")
+        if value is not None and not (isinstance(value, int) and 0 <= value < getattr(
+                config, "tgt_vocab_size", getattr(config, "vocab_size", 0))):
+            raise ValueError(f"generation: {field}={value!r} is not a token id of the model")
+        hf_config[field] = value
     state = to_hf_state_dict(_our_state_dict(model), arch, config, options)
 
     def write(directory: Path) -> None:
