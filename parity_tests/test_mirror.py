@@ -73,6 +73,8 @@ JAX_ONLY = {
     "training/reporting.py": "metrics lines, progress and plot of `jaxformer train` (no model)",
     "training/command.py": "the `jaxformer train` command",
     "generation/cli.py": "the `jaxformer generate` command (it runs either framework's generate)",
+    "generation/translate.py": "`jaxformer generate` for MarianMT and BART directories (the "
+                               "same command)",
     "sharding/": "device meshes, logical-axis rules and jax.distributed: how JAX lays one "
                    "program over many devices; the torch twins run on one device, as the reference",
 }

@@ -1,4 +1,5 @@
-"""``jaxformer generate``: text from a Hugging Face GPT-2 directory, streamed as it is produced.
+"""``jaxformer generate``: text from a Hugging Face GPT-2 directory, streamed as it is produced
+(a MarianMT or BART directory translates its prompts instead: ``translate.py``).
 
 Prompts are tokenized with the directory's ``tokenizer.json``, left-padded into one batch and
 continued by the chosen framework's ``generate`` (``jaxformer.frameworks``: jax by default, or
@@ -101,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
     generate, stream = generation.generate, generation.stream
     try:
         model = hf.from_pretrained(args.model, args.framework)
+        if type(model).__name__ == "Transformer":  # MarianMT, BART: translate.py
+            from jaxformer.generation.translate import run_seq2seq
+            return run_seq2seq(args, model, generate)
         tokenizer = Tokenizer(args.model)
         eos, pad = _special_ids(args.model)
         prompts = [tokenizer.encode(text) for text in args.prompt]

@@ -366,3 +366,64 @@ def test_train_exports_marian_with_its_start_and_end_tokens(tmp_path):
     reference = transformers.MarianMTModel.from_pretrained(export).eval()
     args = batch(config)
     assert_same(hf_run(reference, *args), our_run(ours, *args), args[2], args[3], "trained")
+
+
+# ---------------------------------------------------------------------------------------------
+# jaxformer generate --model DIR
+# ---------------------------------------------------------------------------------------------
+
+def word_tokenizer(path, size: int, eos: str = "</s>") -> None:
+    """A word-level ``tokenizer.json`` of ``size`` tokens, Marian's specials (``</s>`` 0,
+    ``<unk>`` 1, ``<pad>`` last), ``</s>`` appended to every text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {"</s>": 0, "<unk>": 1, **{f"w{i}": i for i in range(2, size - 1)}, "<pad>": size - 1}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(["</s>", "<unk>", "<pad>"])
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {eos}",
+                                                             special_tokens=[(eos, 0)])
+    tokenizer.save(str(path))
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_generate_command_translates_like_transformers(saved, tmp_path, capsys, framework):
+    """``jaxformer generate --model DIR`` on a Marian directory with ``tokenizer.json`` and
+    Marian's generation settings (pad as decoder start, eos 0 forced at the end, the pad token
+    banned): the same tokens as transformers' ``generate`` with the directory's settings."""
+    from tokenizers import Tokenizer
+
+    from jaxformer import cli
+
+    reference = saved["marian"][0]
+    directory = edited(saved, "marian", tmp_path, config={"bad_words_ids": [[28]]})
+    word_tokenizer(directory / "tokenizer.json", 29)
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    prompts = ["w3 w4 w5 w6", "w9 w2"]
+    assert cli.main(["generate", "--model", str(directory), "--framework", framework,
+                     "--max-new-tokens", "6", "--num-beams", "2",
+                     *[arg for p in prompts for arg in ("--prompt", p)]]) == 0
+    out, err = capsys.readouterr()
+    encoded = [tokenizer.encode(p).ids for p in prompts]
+    width = max(map(len, encoded))
+    ids = torch.tensor([e + [28] * (width - len(e)) for e in encoded])
+    with torch.no_grad():
+        expected = reference.generate(ids, attention_mask=(ids != 28).long(), max_new_tokens=6,
+                                      num_beams=2, bad_words_ids=[[28]], do_sample=False)
+    lines = [f"[{n}] {p} -> {tokenizer.decode(row[1:].tolist(), skip_special_tokens=True)}"
+             for n, (p, row) in enumerate(zip(prompts, expected))]
+    assert out.splitlines() == lines
+    assert "new tokens in" in err
+
+
+def test_generate_command_bad_directories(saved, tmp_path, capsys):
+    from jaxformer import cli
+
+    directory = edited(saved, "marian", tmp_path)
+    (directory / "source.spm").write_bytes(b"")
+    assert cli.main(["generate", "--model", str(directory), "--prompt", "w3"]) == 1
+    assert "no tokenizer.json in" in capsys.readouterr().err
+    word_tokenizer(directory / "tokenizer.json", 40)
+    assert cli.main(["generate", "--model", str(directory), "--prompt", "w3"]) == 1
+    assert "tokenizer.json has 40 tokens, but the model's vocabulary (vocab_size in " \
+           "config.json) holds 29" in capsys.readouterr().err
