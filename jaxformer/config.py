@@ -16,8 +16,13 @@ from dataclasses import dataclass
 # BERT and the 2017 Transformer); `embedding_layer_norm` / `final_layer_norm` (after the
 # embeddings / after the stack); `tie_word_embeddings` (the output projection reuses the token
 # embedding matrix); `position_embedding_type` ("learned" table or fixed "sinusoidal" encoding).
-ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
+# "silu" (x * sigmoid(x), Hugging Face's "swish") is MarianMT's activation.
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
+# Where the sinusoidal table keeps its sines and cosines (the frequencies are the same):
+# "interleaved" (Vaswani et al. 3.5, seed 002: sin on even features, cos on odd ones) or "split"
+# (MarianMT: the sines in the first half of the features, the cosines in the second).
+SINUSOIDAL_LAYOUTS = ("interleaved", "split")
 DTYPES = ("float32", "bfloat16", "float16")
 PARAM_DTYPES = ("float32", "bfloat16")
 # Rematerialisation (activation checkpointing) of each Transformer block in the backward pass:
@@ -183,6 +188,16 @@ class TransformerConfig(_ModelConfig):
     tie_word_embeddings: bool = True  # output projection reuses the target embedding matrix
     pre_norm: bool = False
     final_layer_norm: bool = False  # LayerNorm after each stack, as torch.nn.Transformer adds
+    # The fields below are the ways MarianMT and BART (jaxformer.checkpoints.hf.encoder_decoder)
+    # depart from seed 002; each default is the seed's behaviour.
+    sinusoidal_layout: str = "interleaved"  # SINUSOIDAL_LAYOUTS; "split" is MarianMT's table
+    # Learned positions: position p reads row p + position_offset of a table of
+    # max_position_embeddings + position_offset rows (BART: 2, a fairseq legacy).
+    position_offset: int = 0
+    embedding_layer_norm: bool = False  # LayerNorm on each side's embeddings sum (BART)
+    # A bias vector added to the logits (MarianMT and BART's final_logits_bias); an untied
+    # output_projection then has no bias of its own: the bias is this one vector either way.
+    final_logits_bias: bool = False
     src_pad_id: int = 0
     tgt_pad_id: int = 0
     initializer_range: float = 0.02
@@ -199,6 +214,16 @@ class TransformerConfig(_ModelConfig):
             raise ValueError(f"TransformerConfig: position_embedding_type "
                              f"{self.position_embedding_type!r} is not one of "
                              f"{POSITION_EMBEDDING_TYPES}")
+        if self.sinusoidal_layout not in SINUSOIDAL_LAYOUTS:
+            raise ValueError(f"TransformerConfig: sinusoidal_layout {self.sinusoidal_layout!r} "
+                             f"is not one of {SINUSOIDAL_LAYOUTS}")
+        if self.position_offset < 0:
+            raise ValueError(f"TransformerConfig: position_offset must be >= 0, got "
+                             f"{self.position_offset}")
+        if self.position_offset and self.position_embedding_type != "learned":
+            raise ValueError(f"TransformerConfig: position_offset ({self.position_offset}) needs "
+                             f"position_embedding_type='learned' (a sinusoidal table has no rows "
+                             f"to skip)")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError(f"TransformerConfig: share_embeddings needs src_vocab_size "
                              f"({self.src_vocab_size}) == tgt_vocab_size ({self.tgt_vocab_size})")
@@ -218,6 +243,22 @@ class TransformerConfig(_ModelConfig):
         return cls(src_vocab_size=23, tgt_vocab_size=29, hidden_size=32, num_encoder_layers=2,
                    num_decoder_layers=2, num_heads=4, intermediate_size=37,
                    max_position_embeddings=64, share_embeddings=False, tie_word_embeddings=False)
+
+    @classmethod
+    def marian(cls) -> TransformerConfig:
+        """MarianMT base, the size of the Helsinki-NLP opus-mt models (6+6 layers, d_model 512, 8
+        heads, d_ff 2048, swish, MarianMT's sinusoidal layout, scaled shared embeddings, logits
+        bias, vocabulary 58101): exports as ``MarianMTModel``."""
+        return cls(src_vocab_size=58101, tgt_vocab_size=58101, max_position_embeddings=512,
+                   activation="silu", attention_dropout_rate=0.0, sinusoidal_layout="split",
+                   final_logits_bias=True)
+
+    @classmethod
+    def marian_tiny(cls) -> TransformerConfig:
+        """``tiny``'s sizes with MarianMT's choices (``marian``): a test-sized exportable model."""
+        return dataclasses.replace(cls.marian(), src_vocab_size=29, tgt_vocab_size=29,
+                                   hidden_size=32, num_encoder_layers=2, num_decoder_layers=2,
+                                   num_heads=4, intermediate_size=37, max_position_embeddings=64)
 
     @classmethod
     def simple_transformer(cls) -> TransformerConfig:

@@ -171,6 +171,9 @@ def export_token_ids(model, tokenizer) -> dict[str, int | None]:
     if type(model).__name__ == "GPT":
         return {"eos_token_id": tokenizer.eos_id, "bos_token_id": tokenizer.eos_id,
                 "pad_token_id": tokenizer.pad_id}
+    if type(model).__name__ == "Transformer":  # the transformer task's start and end tokens
+        return {"decoder_start_token_id": tokenizer.cls_id, "eos_token_id": tokenizer.sep_id,
+                "pad_token_id": tokenizer.pad_id}
     return {"eos_token_id": tokenizer.sep_id, "bos_token_id": tokenizer.cls_id}
 
 

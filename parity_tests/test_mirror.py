@@ -141,6 +141,8 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
             "the sinusoidal table as a host constant cached per size, folded in by jit",
         (JAX, "TransformerEmbeddings.max_position_embeddings (attribute)"):
             "the size of that host table, read at call time",
+        (JAX, "TransformerEmbeddings.sinusoidal_layout (attribute)"):
+            "the layout of that host table, read at call time",
         (TORCH, "TransformerEmbeddings.position_table (attribute)"):
             "the table as a non-persistent buffer, so that it follows .to(device)",
     },

@@ -31,6 +31,12 @@ class Options:
     early_stopping: bool | str
     num_eos: int  # how many eos ids (their values are in Values: changing them does not recompile)
     stream: bool = False
+    # Hugging Face's processors that constrain rather than reshape the scores, applied first
+    # (its order): bad words (single tokens) never chosen; the forced bos token as the first
+    # token of the whole sequence; the forced eos token(s) as the last token max_length allows.
+    num_bad_words: int = 0
+    forced_bos: bool = False
+    num_forced_eos: int = 0
 
     @property
     def beams_to_keep(self) -> int:
@@ -50,6 +56,9 @@ class Values:
     seed: np.uint32
     eos_token_ids: np.ndarray  # [num_eos] int32
     pad_token_id: np.int32  # fills finished rows: pad_token_id, else the first eos, else 0
+    bad_words: np.ndarray  # [num_bad_words] int32
+    forced_bos_token_id: np.int32  # (0 when there is none: then unread)
+    forced_eos_token_ids: np.ndarray  # [num_forced_eos] int32
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -71,9 +80,24 @@ def _token_ids(name: str, ids, vocab_size: int) -> tuple[int, ...]:
     return tuple(int(i) for i in ids)
 
 
+def _bad_words(bad_words_ids, vocab_size: int) -> tuple[int, ...]:
+    """Hugging Face's ``bad_words_ids`` (a list of token-id lists); single tokens only."""
+    if bad_words_ids is None:
+        return ()
+    if isinstance(bad_words_ids, (str, bytes)) or not all(
+            isinstance(word, (list, tuple)) for word in bad_words_ids):
+        raise ValueError(f"bad_words_ids must be a list of token-id lists, got {bad_words_ids!r}")
+    if any(len(word) != 1 for word in bad_words_ids):
+        raise ValueError(f"bad_words_ids: only single-token bad words are implemented, got "
+                         f"{[list(w) for w in bad_words_ids if len(w) != 1]}")
+    return _token_ids("bad_words_ids", [word[0] for word in bad_words_ids], vocab_size) \
+        if bad_words_ids else ()
+
+
 def check_generate(*, vocab_size: int, max_new_tokens, do_sample=False, temperature=1.0,
                    top_k=0, top_p=1.0, num_beams=1, length_penalty=1.0, early_stopping=False,
-                   eos_token_id=None, pad_token_id=None, seed=0,
+                   eos_token_id=None, pad_token_id=None, seed=0, forced_bos_token_id=None,
+                   forced_eos_token_id=None, bad_words_ids=None,
                    stream: bool = False) -> tuple[Options, Values]:
     """Validate ``generate``'s keyword arguments; raise ``ValueError`` naming the bad one."""
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
@@ -99,6 +123,13 @@ def check_generate(*, vocab_size: int, max_new_tokens, do_sample=False, temperat
     if not _is_int(seed):
         raise ValueError(f"seed must be an integer, got {seed!r}")
     eos = _token_ids("eos_token_id", eos_token_id, vocab_size)
+    forced_eos = _token_ids("forced_eos_token_id", forced_eos_token_id, vocab_size)
+    bad_words = _bad_words(bad_words_ids, vocab_size)
+    if forced_bos_token_id is not None:
+        if not _is_int(forced_bos_token_id):
+            raise ValueError(f"forced_bos_token_id must be one token id, got "
+                             f"{forced_bos_token_id!r}")
+        _token_ids("forced_bos_token_id", forced_bos_token_id, vocab_size)
     if pad_token_id is not None:
         _token_ids("pad_token_id", pad_token_id, vocab_size)
         if not _is_int(pad_token_id):
@@ -115,7 +146,9 @@ def check_generate(*, vocab_size: int, max_new_tokens, do_sample=False, temperat
         top_k=min(max(int(top_k), min_keep), vocab_size) if do_sample and top_k else 0,
         use_temperature=do_sample and temperature != 1.0,
         use_top_p=do_sample and top_p < 1.0, min_tokens_to_keep=min_keep,
-        early_stopping=early_stopping, num_eos=len(eos), stream=stream)
+        early_stopping=early_stopping, num_eos=len(eos), stream=stream,
+        num_bad_words=len(bad_words), forced_bos=forced_bos_token_id is not None,
+        num_forced_eos=len(forced_eos))
     n = np.arange(max_new_tokens + 1, dtype=np.float64)
     with np.errstate(divide="ignore"):  # n = 0 is never used
         table = n ** float(length_penalty)
@@ -128,7 +161,11 @@ def check_generate(*, vocab_size: int, max_new_tokens, do_sample=False, temperat
                     best_length_penalty=best.astype(np.float32),
                     seed=np.uint32(int(seed) % 2**32),
                     eos_token_ids=np.asarray(eos, np.int32).reshape(len(eos)),
-                    pad_token_id=np.int32(pad))
+                    pad_token_id=np.int32(pad),
+                    bad_words=np.asarray(bad_words, np.int32).reshape(len(bad_words)),
+                    forced_bos_token_id=np.int32(forced_bos_token_id or 0),
+                    forced_eos_token_ids=np.asarray(forced_eos, np.int32).reshape(
+                        len(forced_eos)))
     return options, values
 
 
@@ -169,15 +206,32 @@ def check_target_room(max_new_tokens: int, max_positions: int) -> None:
 
 GENERATE_ARGUMENTS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p",
                       "num_beams", "length_penalty", "early_stopping", "eos_token_id",
-                      "pad_token_id", "seed")
+                      "pad_token_id", "seed", "forced_bos_token_id", "forced_eos_token_id",
+                      "bad_words_ids")
 
 
 def check_arguments(config, decoder_only: bool, input_ids, attention_mask,
                     args: dict) -> tuple[Options, Values]:
     """Everything ``generate`` checks before running, in both twins: the keyword arguments
     (``args`` holds ``GENERATE_ARGUMENTS``, ``decoder_start_token_id`` and ``streamer``), then
-    the prompt (GPT) or the source and the target's room (encoder-decoder)."""
+    the prompt (GPT) or the source and the target's room (encoder-decoder). ``max_length``
+    (Hugging Face's: the whole returned sequence, the prompt or the decoder start token
+    included) may stand for ``max_new_tokens``."""
     vocab = config.vocab_size if decoder_only else config.tgt_vocab_size
+    args = dict(args)
+    max_length = args.get("max_length")
+    if max_length is not None:
+        if args["max_new_tokens"] is not None:
+            raise ValueError("give max_new_tokens or max_length, not both")
+        validate.check_rank("input_ids", input_ids, 2)
+        prefix = input_ids.shape[1] if decoder_only else 1
+        if not _is_int(max_length) or max_length <= prefix:
+            raise ValueError(f"max_length must be an integer above the "
+                             f"{'prompt length' if decoder_only else 'decoder start token'} "
+                             f"({prefix}), got {max_length!r}")
+        args["max_new_tokens"] = int(max_length) - prefix
+    elif args["max_new_tokens"] is None:
+        raise ValueError("generate needs max_new_tokens (or max_length)")
     options, values = check_generate(vocab_size=vocab, stream=args["streamer"] is not None,
                                      **{name: args[name] for name in GENERATE_ARGUMENTS})
     start = args["decoder_start_token_id"]

@@ -156,6 +156,17 @@ def _hf_generation_config(path: Path) -> dict:
     return merged
 
 
+# The generation settings of a Hugging Face encoder-decoder that constrain the search.
+CONSTRAINTS = ("forced_bos_token_id", "forced_eos_token_id", "bad_words_ids")
+
+
+def hf_constraints(path: Path) -> dict:
+    """``forced_bos_token_id``, ``forced_eos_token_id`` and single-token ``bad_words_ids`` of a
+    Hugging Face directory (``generation_config.json`` over ``config.json``), those it sets."""
+    config = _hf_generation_config(path)
+    return {k: config[k] for k in CONSTRAINTS if config.get(k) is not None}
+
+
 def special_ids(loaded) -> dict:
     """``eos`` (an id, or None: never stops early), ``pad`` and, for an encoder-decoder,
     ``start`` (the decoder's first token).
@@ -279,6 +290,8 @@ def _run(args: argparse.Namespace, state: dict) -> int:
         rows = seq2seq_sources(rows, end, config.max_position_embeddings, args.max_new_tokens)
         ids, mask = right_pad(rows, config.src_pad_id)
         kwargs["decoder_start_token_id"] = int(ids_of["start"])
+        if loaded.source == "huggingface":  # its forced and banned tokens, as transformers reads
+            kwargs |= hf_constraints(Path(loaded.path))  # them (Marian bans its pad token)
         echoed, skip = [""] * len(rows), 1  # the target starts with the start token
         contexts: list[list[int]] = [[] for _ in rows]
     else:

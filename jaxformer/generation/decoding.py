@@ -59,10 +59,11 @@ def _generate_seq2seq(graphdef, state, src_ids, src_mask, decoder_start_token_id
     return _search(step_fn, logits[:, 0], cache, start, options, values, stream_id)
 
 
-def generate(model, input_ids, attention_mask=None, *, max_new_tokens, do_sample=False,
+def generate(model, input_ids, attention_mask=None, *, max_new_tokens=None, do_sample=False,
              temperature=1.0, top_k=0, top_p=1.0, num_beams=1, length_penalty=1.0,
              early_stopping=False, eos_token_id=None, pad_token_id=None, seed=0,
-             decoder_start_token_id=None, streamer=None):
+             decoder_start_token_id=None, streamer=None, max_length=None,
+             forced_bos_token_id=None, forced_eos_token_id=None, bad_words_ids=None):
     """Generate with a KV cache in one compiled program (the semantics are below).
 
     ``model`` is a ``GPT`` (``input_ids`` = the prompt, ``[batch, seq]``, left-padded with
@@ -70,11 +71,17 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens, do_sample
     mask, default from ``src_pad_id``; ``decoder_start_token_id`` required). Put the model in eval
     mode first. ``eos_token_id`` is an id or a list of ids. ``streamer``, a callable, receives each
     step's new tokens (a numpy ``[batch]`` array) as they are produced (``num_beams=1`` only).
-    Returns int32 token ids (the shape is under eos below).
+    Returns int32 token ids (the shape is under eos below). ``max_length`` (the whole returned
+    sequence: GPT's prompt included, the encoder-decoder's start token included, as in Hugging
+    Face) may be given instead of ``max_new_tokens``.
 
     What Hugging Face ``generate`` users can rely on (it is followed where it defines the
     behaviour):
 
+    - first the constraints, greedy, sampling and beam alike: ``bad_words_ids`` (single tokens)
+      never chosen, ``forced_bos_token_id`` as the sequence's first token (the encoder-decoder's
+      first generated token), ``forced_eos_token_id`` (an id or a list) as the last token the
+      length allows (``processors.constrain``); beam search applies them to log-probabilities.
     - processors, with ``do_sample=True`` only, in the order temperature -> top-k -> top-p; top-k
       keeps ties with the k-th score; top-p keeps the smallest set of most likely tokens whose
       probability exceeds ``top_p`` and never removes the best token; beam methods keep at least

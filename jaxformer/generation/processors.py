@@ -40,6 +40,25 @@ def apply_top_p(scores, threshold, min_tokens_to_keep: int = 1):
     return jnp.where(remove, -jnp.inf, scores)
 
 
+def constrain(scores, step, prompt_length: int, options: checks.Options, values):
+    """Hugging Face's constraining processors, in its order, before the warpers of
+    :func:`process`: ``bad_words_ids`` (single tokens: ``NoBadWordsLogitsProcessor``) get
+    ``-inf``; at the sequence's first token (``prompt_length + step == 1``: the encoder-decoder's
+    first generated token) every score but ``forced_bos_token_id``'s is ``-inf`` and its is 0
+    (``ForcedBOSTokenLogitsProcessor``); at the last token ``max_new_tokens`` allows, the same
+    for the ``forced_eos_token_id`` ids (``ForcedEOSTokenLogitsProcessor``). ``step`` is the
+    number of tokens generated before this one (traced)."""
+    if options.num_bad_words:
+        scores = scores.at[:, values["bad_words"]].set(-jnp.inf)
+    if options.forced_bos:
+        forced = jnp.full_like(scores, -jnp.inf).at[:, values["forced_bos_token_id"]].set(0.0)
+        scores = jnp.where(prompt_length + step == 1, forced, scores)
+    if options.num_forced_eos:
+        forced = jnp.full_like(scores, -jnp.inf).at[:, values["forced_eos_token_ids"]].set(0.0)
+        scores = jnp.where(step == options.max_new_tokens - 1, forced, scores)
+    return scores
+
+
 def process(scores, options: checks.Options, values):
     """The processors ``options`` switch on, in Hugging Face's order. ``values`` is a mapping
     with ``temperature`` and ``top_p_threshold`` (see ``checks.Values``)."""

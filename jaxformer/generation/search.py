@@ -86,7 +86,7 @@ def greedy(step_fn, logits, cache, prompt, options: checks.Options, values, stre
 
     def select(carry, logits):
         step, sequences, unfinished, cache = carry
-        scores = logits.astype(jnp.float32)
+        scores = processors.constrain(logits.astype(jnp.float32), step, P, options, values)
         if options.do_sample:
             scores = processors.process(scores, options, values)
             tokens = processors.sample(scores, processors.uniforms(values["seed"], step, B, V))
@@ -132,6 +132,7 @@ def beam(step_fn, logits, cache, prompt, options: checks.Options, values):
     def select(state: BeamState, logits) -> BeamState:
         step = state.step
         log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # (B * nb, V)
+        log_probs = processors.constrain(log_probs, step, P, options, values)
         if options.do_sample:
             log_probs = processors.process(log_probs, options, values)
         log_probs = log_probs.reshape(B, nb, V) + state.running_scores[:, :, None]

@@ -31,7 +31,9 @@ sinusoidal_table = functools.lru_cache(maxsize=None)(sinusoidal_positions)
 
 
 class TransformerEmbeddings(nnx.Module):
-    """One side's embeddings: token (times sqrt(hidden) if ``scale_embeddings``) + position.
+    """One side's embeddings: token (times sqrt(hidden) if ``scale_embeddings``) + position,
+    then a LayerNorm if ``embedding_layer_norm`` (BART). Learned positions read row
+    ``position + position_offset``; the sinusoidal table is laid out as ``sinusoidal_layout``.
 
     With ``config.share_embeddings`` the side owns no token table (``token_embeddings`` is None)
     and the owning ``Transformer`` passes its ``shared_embeddings`` at call time. Sinusoidal
@@ -46,10 +48,14 @@ class TransformerEmbeddings(nnx.Module):
         self.token_embeddings = (None if config.share_embeddings else
                                  embedding(vocab_size, config, names=("vocab", "embed"),
                                            rngs=rngs))
-        self.position_embeddings = (embedding(config.max_position_embeddings, config,
+        self.position_embeddings = (embedding(config.max_position_embeddings
+                                              + config.position_offset, config,
                                               names=("positions", "embed"), rngs=rngs)
                                     if learned else None)
+        self.layer_norm = layer_norm(config, rngs=rngs) if config.embedding_layer_norm else None
         self.max_position_embeddings = config.max_position_embeddings
+        self.position_offset = config.position_offset
+        self.sinusoidal_layout = config.sinusoidal_layout
         self.scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
@@ -62,16 +68,32 @@ class TransformerEmbeddings(nnx.Module):
         T = input_ids.shape[1]
         x = tokens(input_ids) * self.scale  # (B, T, C)
         if self.position_embeddings is not None:
-            x = x + self.position_embeddings(
-                jnp.arange(T) if position_ids is None else position_ids)[None]
+            positions = jnp.arange(T) if position_ids is None else position_ids
+            x = x + self.position_embeddings(positions + self.position_offset)[None]
         else:
-            table = sinusoidal_table(self.max_position_embeddings, x.shape[-1])
+            table = sinusoidal_table(self.max_position_embeddings, x.shape[-1],
+                                     self.sinusoidal_layout)
             if position_ids is None:
                 x = x + jnp.asarray(table[:T], x.dtype)[None]  # positions 0 .. T-1
             else:  # a position past the table reads NaN, never a plausible row, as Embed does
                 x = x + jnp.take(jnp.asarray(table, x.dtype), position_ids, axis=0, mode="fill",
                                  fill_value=jnp.nan)[None]
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
         return self.dropout(x)
+
+
+class LogitsBias(nnx.Module):
+    """``config.final_logits_bias``: one bias vector added to the logits (MarianMT and BART's
+    ``final_logits_bias``), whether the output projection is tied or not."""
+
+    def __init__(self, vocab_size: int, config: TransformerConfig):
+        self.bias = nnx.Param(jnp.zeros((vocab_size,), jnp.dtype(config.param_dtype)),
+                              out_sharding=("vocab",), eager_sharding=False)
+
+    def __call__(self, logits):
+        # In the compute dtype, as nnx.Linear adds its bias (the losses upcast to float32).
+        return logits + self.bias[...].astype(logits.dtype)
 
 
 EncoderLayer = TransformerBlock  # self-attention + feed-forward, post- or pre-LN (layers.py)
@@ -198,7 +220,10 @@ class Transformer(nnx.Module):
         self.decoder = Decoder(config, rngs=rngs)
         self.output_projection = (None if config.tie_word_embeddings else
                                   linear(config.hidden_size, config.tgt_vocab_size, config,
-                                         names=("embed", "vocab"), rngs=rngs))
+                                         names=("embed", "vocab"), rngs=rngs,
+                                         use_bias=not config.final_logits_bias))
+        self.final_logits_bias = (LogitsBias(config.tgt_vocab_size, config)
+                                  if config.final_logits_bias else None)
 
     def encode(self, src_ids, src_mask=None):
         """``(B, S)`` source ids -> memory ``(B, S, C)``."""
@@ -263,10 +288,14 @@ class Transformer(nnx.Module):
 
     def _logits(self, hidden_states):
         if self.output_projection is not None:
-            return self.output_projection(hidden_states)
-        tokens = (self.shared_embeddings if self.shared_embeddings is not None
-                  else self.tgt_embeddings.token_embeddings)
-        return tokens.attend(hidden_states)
+            logits = self.output_projection(hidden_states)
+        else:
+            tokens = (self.shared_embeddings if self.shared_embeddings is not None
+                      else self.tgt_embeddings.token_embeddings)
+            logits = tokens.attend(hidden_states)
+        if self.final_logits_bias is not None:
+            logits = self.final_logits_bias(logits)
+        return logits
 
     def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None):
         # all checks before any computation

@@ -196,13 +196,16 @@ def transformer_parameter_count(config: TransformerConfig) -> int:
               else config.src_vocab_size + config.tgt_vocab_size)
     count = tables * C
     if config.position_embedding_type == "learned":  # one table per side
-        count += 2 * config.max_position_embeddings * C
+        count += 2 * (config.max_position_embeddings + config.position_offset) * C
+    count += 2 * 2 * C if config.embedding_layer_norm else 0  # one LayerNorm per side
     final_norm = 2 * C if config.final_layer_norm else 0
     count += config.num_encoder_layers * _block_params(config) + final_norm
     decoder_layer = _block_params(config) + 4 * _linear_params(C, C) + 2 * C  # + cross-attention
     count += config.num_decoder_layers * decoder_layer + final_norm
-    if not config.tie_word_embeddings:
-        count += _linear_params(C, config.tgt_vocab_size)
+    if not config.tie_word_embeddings:  # its bias is final_logits_bias when there is one
+        count += C * config.tgt_vocab_size
+    if not config.tie_word_embeddings or config.final_logits_bias:
+        count += config.tgt_vocab_size
     return count
 
 

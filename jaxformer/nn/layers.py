@@ -18,6 +18,7 @@ ACTIVATIONS = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # erf form, torch's nn.GELU()
     "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2's "gelu_new"
     "relu": jax.nn.relu,
+    "silu": jax.nn.silu,  # x * sigmoid(x), Hugging Face's "swish" (MarianMT)
 }
 
 

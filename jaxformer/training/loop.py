@@ -182,6 +182,12 @@ def prepare(config: TrainConfig, options: RunOptions, status: startup.Status | N
     if config.seq_len > model_cfg.max_position_embeddings:
         raise ValueError(f"seq_len ({config.seq_len}) exceeds the {options.preset} preset's "
                          f"max_position_embeddings ({model_cfg.max_position_embeddings})")
+    if options.export_hf:  # refused before training, not after it
+        from jaxformer.checkpoints.hf import UnsupportedConfigError, export_architecture
+        try:
+            export_architecture(task.model_module.removeprefix("models."), task.model, model_cfg)
+        except UnsupportedConfigError as error:
+            raise ValueError(f"--export-hf: the {options.preset} preset {error}") from None
     identity = run_identity(options.family, options.framework, model_cfg, config,
                             data.file_sha256(options.data))
     if options.val_data:

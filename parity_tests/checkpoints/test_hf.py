@@ -442,7 +442,7 @@ def test_keys_and_shapes_that_do_not_fit(tmp_path, saved_bert):
     ({"architectures": ["RobertaModel"]}, "architecture 'RobertaModel' is not supported"),
     ({"architectures": ["BertModel", "BertForMaskedLM"]}, "names 2 architectures"),
     ({"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
-    ({"hidden_act": "silu"}, "hidden_act='silu' is not supported"),
+    ({"hidden_act": "quick_gelu"}, "hidden_act='quick_gelu' is not supported"),
     ({"is_decoder": True}, "is_decoder=True"),
     ({"add_cross_attention": True}, "add_cross_attention=True"),
     ({"model_type": "roberta"}, "model_type='roberta'"),

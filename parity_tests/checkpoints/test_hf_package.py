@@ -34,7 +34,8 @@ def test_public_names():
     assert issubclass(hf.UnsupportedConfigError, ValueError)
     assert set(hf.ARCHITECTURES) == {"BertModel", "BertForPreTraining", "BertForMaskedLM",
                                      "BertForSequenceClassification", "GPT2Model",
-                                     "GPT2LMHeadModel"}
+                                     "GPT2LMHeadModel", "MarianMTModel",
+                                     "BartForConditionalGeneration"}
     assert {a.family for a in hf.ARCHITECTURES.values()} == set(hf.FAMILIES)
 
 

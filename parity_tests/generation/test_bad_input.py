@@ -84,6 +84,20 @@ SEQ2SEQ_CASES = {
     "source_of_only_padding": (dict(input_ids=np.array([[3, 4], [0, 0]]), attention_mask=None),
                                r"input_ids row\(s\) \[1\] hold only src_pad_id \(0\)"),
     "eos_outside_target_vocab": (dict(eos_token_id=29), r"eos_token_id \(29\) is outside"),
+    "forced_eos_outside_vocab": (dict(forced_eos_token_id=[3, 29]),
+                                 r"forced_eos_token_id \(29\) is outside"),
+    "forced_bos_list": (dict(forced_bos_token_id=[3]),
+                        r"forced_bos_token_id must be one token id, got \[3\]"),
+    "bad_words_of_two_tokens": (dict(bad_words_ids=[[3], [4, 5]]),
+                                r"only single-token bad words are implemented, got \[\[4, 5\]\]"),
+    "bad_words_not_lists": (dict(bad_words_ids=[3]),
+                            r"bad_words_ids must be a list of token-id lists"),
+    "max_length_and_max_new_tokens": (dict(max_length=5),
+                                      r"give max_new_tokens or max_length, not both"),
+    "max_length_leaves_nothing": (dict(max_new_tokens=None, max_length=1),
+                                  r"max_length must be an integer above the decoder start "
+                                  r"token \(1\), got 1"),
+    "no_length": (dict(max_new_tokens=None), r"generate needs max_new_tokens \(or max_length\)"),
 }
 
 

@@ -57,6 +57,13 @@ CONFIGS = {
     "tied_only": dataclasses.replace(TINY, tie_word_embeddings=True),
     "learned_positions": dataclasses.replace(TINY, position_embedding_type="learned",
                                              scale_embeddings=False),
+    # The MarianMT and BART departures (jaxformer.checkpoints.hf.encoder_decoder)
+    "marian_like": dataclasses.replace(TINY, src_vocab_size=29, share_embeddings=True,
+                                       tie_word_embeddings=True, activation="silu",
+                                       sinusoidal_layout="split", final_logits_bias=True),
+    "bart_like": dataclasses.replace(TINY, position_embedding_type="learned", position_offset=2,
+                                     embedding_layer_norm=True, scale_embeddings=False,
+                                     activation="gelu", final_logits_bias=True),
 }
 LN_CONFIGS = ("post_ln", "pre_ln_final_norm")
 B, S, T = 3, 8, 7  # one shape for most tests: eager JAX compiles each op once per shape
@@ -139,6 +146,22 @@ def test_sinusoidal_table_matches_formula():
                 formula[pos, i] = math.sin(angle)
                 formula[pos, i + 1] = math.cos(angle)
         np.testing.assert_allclose(sinusoidal_positions(num, d), formula, atol=1e-6, rtol=0)
+
+
+def test_split_sinusoidal_table_is_the_interleaved_one_rearranged():
+    """MarianMT's layout: the same frequencies, the sines first (even features of the paper's
+    table), then the cosines (its odd features); odd widths put the extra sine first."""
+    for num, d in ((64, 32), (7, 6), (5, 7)):
+        formula = np.zeros((num, d + d % 2))
+        for pos in range(num):
+            for i in range(0, d + d % 2, 2):
+                angle = pos / 10000 ** (i / d)
+                formula[pos, i], formula[pos, i + 1] = math.sin(angle), math.cos(angle)
+        expected = np.concatenate([formula[:, 0::2], formula[:, 1::2]], axis=1)[:, :d]
+        np.testing.assert_allclose(sinusoidal_positions(num, d, "split"), expected, atol=1e-6,
+                                   rtol=0)
+    with pytest.raises(ValueError, match="layout 'odd'"):
+        sinusoidal_positions(4, 4, "odd")
 
 
 def test_positions_are_indexed_constants_not_weights():

@@ -176,7 +176,9 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, caps
     (["--seq-len", "100"], None, r"seq_len \(100\) exceeds the tiny preset's "
                                  r"max_position_embeddings \(64\)"),
     (["--family", "classifier"], None, "classifier data needs LABEL<TAB>TEXT lines"),
-    (["--family", "transformer", "--export-hf", "out"], None, "export_hf must be only given for"),
+    (["--family", "transformer", "--export-hf", "out"], None,
+     r"--export-hf: the tiny preset cannot export as MarianMT: it needs "
+     r"sinusoidal_layout='split', the model has 'interleaved'"),
 ])
 def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, capsys, flags, content, message):
     path = tmp_path / "data.txt"

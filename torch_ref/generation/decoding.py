@@ -16,10 +16,11 @@ from torch_ref.models.gpt import GPT
 
 
 @torch.no_grad()
-def generate(model, input_ids, attention_mask=None, *, max_new_tokens, do_sample=False,
+def generate(model, input_ids, attention_mask=None, *, max_new_tokens=None, do_sample=False,
              temperature=1.0, top_k=0, top_p=1.0, num_beams=1, length_penalty=1.0,
              early_stopping=False, eos_token_id=None, pad_token_id=None, seed=0,
-             decoder_start_token_id=None, streamer=None):
+             decoder_start_token_id=None, streamer=None, max_length=None,
+             forced_bos_token_id=None, forced_eos_token_id=None, bad_words_ids=None):
     """Same as ``jaxformer.generation.generate``; returns an int64 tensor."""
     if not isinstance(model, (GPT, Transformer)):
         raise TypeError(f"generate needs a GPT or an encoder-decoder Transformer, got "
@@ -31,7 +32,8 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens, do_sample
     ids = torch.as_tensor(input_ids, device=device).long()
     values = {name: torch.as_tensor(value, device=device) if name != "seed" else int(value)
               for name, value in values.as_dict().items()}
-    for name in ("eos_token_ids", "pad_token_id"):
+    for name in ("eos_token_ids", "pad_token_id", "bad_words", "forced_bos_token_id",
+                 "forced_eos_token_ids"):
         values[name] = values[name].long()
     if isinstance(model, GPT):
         mask = (torch.ones_like(ids, dtype=torch.bool) if attention_mask is None

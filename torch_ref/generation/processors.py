@@ -26,6 +26,18 @@ def apply_top_p(scores, threshold, min_tokens_to_keep: int = 1):
     return scores.masked_fill(remove, -float("inf"))
 
 
+def constrain(scores, step, prompt_length: int, options: checks.Options, values):
+    if options.num_bad_words:
+        scores = scores.index_fill(-1, values["bad_words"], -float("inf"))
+    if options.forced_bos and prompt_length + step == 1:
+        scores = torch.full_like(scores, -float("inf"))
+        scores[:, values["forced_bos_token_id"]] = 0.0
+    if options.num_forced_eos and step == options.max_new_tokens - 1:
+        scores = torch.full_like(scores, -float("inf"))
+        scores[:, values["forced_eos_token_ids"]] = 0.0
+    return scores
+
+
 def process(scores, options: checks.Options, values):
     if options.use_temperature:
         scores = apply_temperature(scores, values["temperature"])

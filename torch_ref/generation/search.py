@@ -52,7 +52,7 @@ def greedy(step_fn, logits, cache, prompt, options: checks.Options, values, stre
     unfinished = torch.ones(B, dtype=torch.bool, device=prompt.device)
     step = 0
     while True:
-        scores = logits.float()
+        scores = processors.constrain(logits.float(), step, P, options, values)
         if options.do_sample:
             scores = processors.process(scores, options, values)
             u = processors.uniforms(values["seed"], step, B, V, device=scores.device)
@@ -97,6 +97,7 @@ def beam(step_fn, logits, cache, prompt, options: checks.Options, values):
     while True:
         step = state.step
         log_probs = torch.log_softmax(logits.float(), dim=-1)
+        log_probs = processors.constrain(log_probs, step, P, options, values)
         if options.do_sample:
             log_probs = processors.process(log_probs, options, values)
         log_probs = log_probs.reshape(B, nb, V) + state.running_scores[:, :, None]

@@ -31,12 +31,15 @@ class TransformerEmbeddings(nn.Module):
         learned = config.position_embedding_type == "learned"
         self.token_embeddings = (None if config.share_embeddings else
                                  nn.Embedding(vocab_size, config.hidden_size))
-        self.position_embeddings = (nn.Embedding(config.max_position_embeddings,
+        self.position_embeddings = (nn.Embedding(config.max_position_embeddings
+                                                 + config.position_offset,
                                                  config.hidden_size) if learned else None)
         # A constant, not a weight: absent from the state_dict (jaxformer: a jit-time constant).
         self.register_buffer("position_table", None if learned else torch.from_numpy(
-            sinusoidal_positions(config.max_position_embeddings, config.hidden_size)),
-            persistent=False)
+            sinusoidal_positions(config.max_position_embeddings, config.hidden_size,
+                                 config.sinusoidal_layout)), persistent=False)
+        self.layer_norm = layer_norm(config) if config.embedding_layer_norm else None
+        self.position_offset = config.position_offset
         self.scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
         self.dropout = nn.Dropout(config.dropout_rate)
 
@@ -49,10 +52,21 @@ class TransformerEmbeddings(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device)  # positions 0 .. T-1
         if self.position_embeddings is not None:
-            x = x + self.position_embeddings(position_ids)[None]
+            x = x + self.position_embeddings(position_ids + self.position_offset)[None]
         else:
             x = x + self.position_table[position_ids].to(x.dtype)[None]
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
         return self.dropout(x)
+
+
+class LogitsBias(nn.Module):
+    def __init__(self, vocab_size: int, config: TransformerConfig):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, logits):
+        return logits + self.bias
 
 
 EncoderLayer = TransformerBlock
@@ -140,7 +154,10 @@ class Transformer(nn.Module):
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
         self.output_projection = (None if config.tie_word_embeddings else
-                                  nn.Linear(config.hidden_size, config.tgt_vocab_size))
+                                  nn.Linear(config.hidden_size, config.tgt_vocab_size,
+                                            bias=not config.final_logits_bias))
+        self.final_logits_bias = (LogitsBias(config.tgt_vocab_size, config)
+                                  if config.final_logits_bias else None)
         self.apply(partial(init_weights, std=config.initializer_range))
 
     def encode(self, src_ids, src_mask=None):
@@ -198,10 +215,14 @@ class Transformer(nn.Module):
 
     def _logits(self, hidden_states):
         if self.output_projection is not None:
-            return self.output_projection(hidden_states)
-        tokens = (self.shared_embeddings if self.shared_embeddings is not None
-                  else self.tgt_embeddings.token_embeddings)
-        return F.linear(hidden_states, tokens.weight)
+            logits = self.output_projection(hidden_states)
+        else:
+            tokens = (self.shared_embeddings if self.shared_embeddings is not None
+                      else self.tgt_embeddings.token_embeddings)
+            logits = F.linear(hidden_states, tokens.weight)
+        if self.final_logits_bias is not None:
+            logits = self.final_logits_bias(logits)
+        return logits
 
     def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None):
         # all checks before any computation

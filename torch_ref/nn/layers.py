@@ -16,6 +16,7 @@ ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x, approximate="none"),
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
+    "silu": F.silu,
 }
 
 

@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints in and out: BERT (four architectures) and GPT-2 (two).
+"""Hugging Face checkpoints in and out: BERT (four architectures), GPT-2 (two), MarianMT and
+BART (``MarianMTModel``, ``BartForConditionalGeneration``: the encoder-decoder ``Transformer``).
 
 ``from_pretrained(directory)`` reads a local Hugging Face model directory into a jaxformer model
 (or, with ``framework="torch"``, its twin, named through ``jaxformer.frameworks``);
@@ -11,8 +12,8 @@
 # The package: ``engine`` applies key tables (tunix-style: checkpoint key pattern -> our
 # torch-style key(s) plus a named transform; ``jaxformer.checkpoints.convert`` then applies its four
 # leaf rules), ``files`` reads and writes the directory, and one file per family (``bert``,
-# ``gpt2``) holds its table, architectures, ``config.json`` mapping and buffers. A new family is
-# one new file whose ``FAMILY`` is added to :data:`FAMILIES` below.
+# ``gpt2``, ``marian``, ``bart``) holds its table, architectures, ``config.json`` mapping and
+# buffers. A new family is one new file whose ``FAMILY`` is added to :data:`FAMILIES` below.
 #
 # Loading is strict (see ``engine.map_checkpoint``): every checkpoint key matched once or explicitly
 # ignored (buffers; heads an architecture does not use, dropped with a warning), every model key
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxformer import frameworks
-from jaxformer.checkpoints.hf import bert, gpt2
+from jaxformer.checkpoints.hf import bart, bert, gpt2, marian
 from jaxformer.checkpoints.hf.engine import (
     Architecture,
     CheckpointError,
@@ -54,10 +55,12 @@ from jaxformer.checkpoints.hf.files import (
 )
 
 __all__ = ["ARCHITECTURES", "FAMILIES", "Architecture", "CheckpointError", "Family", "Rule",
-           "UnsupportedConfigError", "config_from_hf", "config_to_hf", "from_pretrained",
+           "UnsupportedConfigError", "config_from_hf", "config_to_hf", "export_architecture",
+           "from_pretrained",
            "key_table", "read_checkpoint", "save_pretrained"]
 
-FAMILIES: tuple[Family, ...] = (bert.FAMILY, gpt2.FAMILY)  # the one place a family is registered
+# the one place a family is registered
+FAMILIES: tuple[Family, ...] = (bert.FAMILY, gpt2.FAMILY, marian.FAMILY, bart.FAMILY)
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for f in FAMILIES for a in f.architectures()}
 
 
@@ -101,10 +104,12 @@ def config_from_hf(hf: dict, architecture: str, *, source: str = CONFIG):
 def config_to_hf(config, architecture: str) -> dict:
     """The Hugging Face ``config.json`` dict for our config; refuses what Hugging Face lacks."""
     arch = _architecture(architecture)
-    return {"architectures": [arch.name], "model_type": arch.family.model_type,
-            "vocab_size": config.vocab_size, "initializer_range": config.initializer_range,
-            "tie_word_embeddings": config.tie_word_embeddings, "add_cross_attention": False,
-            "dtype": "float32", **arch.family.config_to_hf(config, arch)}
+    common = {"architectures": [arch.name], "model_type": arch.family.model_type,
+              "initializer_range": config.initializer_range,
+              "tie_word_embeddings": config.tie_word_embeddings, "dtype": "float32"}
+    if hasattr(config, "vocab_size"):  # BERT and GPT-2 (the encoder-decoder has two sizes)
+        common.update(vocab_size=config.vocab_size, add_cross_attention=False)
+    return {**common, **arch.family.config_to_hf(config, arch)}
 
 
 def _pick_architecture(hf: dict, architecture: str | None, source: Path) -> Architecture:
@@ -182,11 +187,32 @@ def _export_architecture(model) -> Architecture:
     for family in FAMILIES:
         modules = tuple(f"{package}.models.{family.module}"
                         for package in frameworks.PACKAGES.values())
-        if cls.__module__ in modules and cls.__name__ in family.exports:
+        if (cls.__module__ in modules and cls.__name__ in family.exports
+                and family.exports_config(model.config)):
             return ARCHITECTURES[family.exports[cls.__name__]]
-    exportable = [name for family in FAMILIES for name in family.exports]
+    exportable = sorted({name for family in FAMILIES for name in family.exports})
     raise UnsupportedConfigError(f"cannot export {cls.__module__}.{cls.__name__}; "
                                  f"save_pretrained exports {', '.join(exportable)}")
+
+
+def export_architecture(module: str, class_name: str, config) -> str:
+    """The Hugging Face architecture ``save_pretrained`` would write for our class
+    ``jaxformer.models.<module>.<class_name>`` built from ``config``; raises
+    :class:`UnsupportedConfigError` (the reason) when it would refuse. ``train --export-hf``
+    asks before training."""
+    for family in FAMILIES:
+        if (family.module == module and class_name in family.exports
+                and family.exports_config(config)):
+            name = family.exports[class_name]
+            config_to_hf(config, name)  # raises what the export would
+            return name
+    raise UnsupportedConfigError(f"cannot export jaxformer.models.{module}.{class_name}")
+
+
+# Token ids a model's config.json may carry (transformers reads them as defaults of generate);
+# a jaxformer config holds none of them, so an export writes only those it is given.
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id",
+                 "forced_bos_token_id", "forced_eos_token_id")
 
 
 def _our_state_dict(model) -> dict[str, np.ndarray]:
@@ -196,9 +222,6 @@ def _our_state_dict(model) -> dict[str, np.ndarray]:
     return convert.nnx_to_torch(model)
 
 
-TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
-
-
 def save_pretrained(model, path: str | os.PathLike, *, overwrite: bool = False,
                     extra_files: Mapping[str, bytes] | None = None,
                     token_ids: Mapping[str, int | None] | None = None,
@@ -206,9 +229,10 @@ def save_pretrained(model, path: str | os.PathLike, *, overwrite: bool = False,
     """Write ``model`` (jaxformer or torch_ref) as a Hugging Face directory: ``config.json``
     (with ``architectures``) and ``model.safetensors`` (float32, tied weights stored once).
 
-    ``token_ids`` sets ``config.json``'s ``bos_token_id``, ``eos_token_id`` and
-    ``pad_token_id`` (the tokenizer's; ``loading.export_token_ids`` derives them): without an
-    ``eos_token_id`` Hugging Face's ``generate`` never stops before ``max_new_tokens``. A None
+    ``token_ids`` sets :data:`TOKEN_ID_KEYS` of ``config.json`` (the tokenizer's;
+    ``loading.export_token_ids`` derives them; an encoder-decoder's ``decoder_start_token_id``
+    too): without an ``eos_token_id`` Hugging Face's ``generate`` never stops before
+    ``max_new_tokens``. A None
     value leaves the config's own. ``label_names``: a classifier's class names in id order
     (``id2label`` and ``label2id``; default ``LABEL_i``).
 
@@ -230,7 +254,7 @@ def save_pretrained(model, path: str | os.PathLike, *, overwrite: bool = False,
         if key not in TOKEN_ID_KEYS:
             raise ValueError(f"token_ids: unknown key {key!r}; one of {TOKEN_ID_KEYS}")
         if value is not None:
-            vocab = getattr(config, "vocab_size", None)
+            vocab = getattr(config, "tgt_vocab_size", getattr(config, "vocab_size", None))
             if not isinstance(value, int) or (vocab is not None and not 0 <= value < vocab):
                 raise ValueError(f"token_ids: {key}={value!r} is not an id of the model's "
                                  f"vocabulary of {vocab}")

@@ -46,6 +46,8 @@ TRANSFORMS = {  # name -> (hf -> ours (tuple of arrays), ours -> hf (one array))
     "split_qkv": (_split3, lambda *xs: np.concatenate(xs, axis=-1)),
     "conv1d_split_qkv": (lambda x: tuple(p.T for p in _split3(x)),
                          lambda *xs: np.concatenate([p.T for p in xs], axis=-1)),
+    # Marian's and BART's final_logits_bias is a (1, vocab) buffer; ours a (vocab,) bias
+    "row": (lambda x: (x.reshape(x.shape[1:]),), lambda x: x[None]),
 }
 
 
@@ -54,8 +56,9 @@ class Rule:
     """One line of a key table.
 
     ``hf``: the checkpoint key, relative to the base model for base-model rules; ``{i}`` stands
-    for a layer index. ``aliases``: other spellings accepted on import. ``ours``: our torch-style
-    key(s), same ``{i}``. ``role``:
+    for a layer index, counted by the config field ``layers`` (the encoder-decoder's two stacks:
+    ``num_encoder_layers``, ``num_decoder_layers``). ``aliases``: other spellings accepted on
+    import. ``ours``: our torch-style key(s), same ``{i}``. ``role``:
 
     - ``"weight"``: loaded, and written on export;
     - ``"tied"``: a duplicate of a weight another rule fills (tied weights): it must equal that
@@ -70,6 +73,7 @@ class Rule:
     transform: str = "copy"
     aliases: tuple[str, ...] = ()
     role: str = "weight"
+    layers: str = "num_layers"
 
     @property
     def tied(self) -> bool:
@@ -120,6 +124,11 @@ class Family:
     # our class name -> the Hugging Face architecture it is exported as
     exports: ClassVar[dict[str, str]] = {}
 
+    def exports_config(self, config) -> bool:
+        """Whether this family is the one to export a model of ``config`` (two families can
+        export one class: the encoder-decoder goes to MarianMT or BART by its positions)."""
+        return True
+
     def architectures(self) -> tuple[Architecture, ...]:
         raise NotImplementedError
 
@@ -150,8 +159,8 @@ class Family:
 
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh",
                   "gelu_pytorch_tanh": "gelu_tanh", "gelu_python_tanh": "gelu_tanh",
-                  "relu": "relu"}
-OUR_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+                  "relu": "relu", "swish": "silu", "silu": "silu"}
+OUR_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "swish"}
 
 
 def required_int(hf: dict, field: str, source: str) -> int:
@@ -309,7 +318,7 @@ def to_hf_state_dict(ours: dict[str, np.ndarray], arch: Architecture, config,
             continue
         hf_prefix, our_prefix = (arch.hf_prefix, arch.our_prefix) if is_base else ("", "")
         _, inverse = TRANSFORMS[rule.transform]
-        for i in range(config.num_layers) if "{i}" in rule.hf else [None]:
+        for i in range(getattr(config, rule.layers)) if "{i}" in rule.hf else [None]:
             targets = [our_prefix + t.format(i=i) for t in rule.targets]
             out[hf_prefix + rule.hf.format(i=i)] = np.ascontiguousarray(
                 inverse(*(ours[t] for t in targets)), dtype=np.float32)

@@ -87,4 +87,4 @@ SEQ2SEQ = Seq2Seq(
     batch_keys=("src_ids", "src_mask", "tgt_ids", "tgt_mask", "labels"),
     needed_specials=("[PAD]", "[CLS]", "[SEP]"),
     vocab_fields=("tgt_vocab_size", "src_vocab_size"), pad_fields=("src_pad_id", "tgt_pad_id"),
-    default_schedule="inverse_sqrt", default_label_smoothing=0.1)
+    default_schedule="inverse_sqrt", default_label_smoothing=0.1, hf_export=True)
