@@ -317,6 +317,9 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
                 last = step + 1 == config.steps
                 if eval_sets and ((step + 1) % options.eval_every == 0 or last):
                     record[eval_key] = sum(map(trainer.evaluate, eval_sets)) / len(eval_sets)
+                    if tasks.get(family).accuracy:  # equal batches: the mean of their means
+                        record[eval_key.replace("loss", "accuracy")] = sum(
+                            map(trainer.accuracy, eval_sets)) / len(eval_sets)
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
                 losses.append(result["loss"])

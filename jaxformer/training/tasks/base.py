@@ -31,6 +31,8 @@ class Task:
     loss: str  # (model, batch, config) -> loss, a function of each framework's training.losses
     batch_keys: tuple[str, ...]  # what every batch of this task holds
     needed_specials: tuple[str, ...]  # the special tokens the batches use
+    # (model, batch, config) -> the fraction classified right, reported at evaluations; or None
+    accuracy: str | None = None
     # config fields sized to the tokenizer; the first is the vocabulary the model predicts
     vocab_fields: tuple[str, ...] = ("vocab_size",)
     pad_fields: tuple[str, ...] = ("pad_token_id",)  # config fields set to the [PAD] id
