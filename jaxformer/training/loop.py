@@ -226,7 +226,7 @@ def _check_resumed_init(run_dir: Path, saved_run: dict, options: RunOptions) -> 
                           f"nothing was written)")
 
 
-def _initializer(source, options: RunOptions, train_set, run_dir: Path, stream):
+def initializer(source, options: RunOptions, train_set, run_dir: Path, stream):
     """``build_trainer``'s ``init`` for ``--init-from``: matches the checkpoint's weights to the
     task's model, prints what was loaded, created fresh and dropped, and records it in
     ``run.json`` (``init``)."""
@@ -266,7 +266,7 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
     # state replaces them, and a run interrupted before its first save starts where it began.
     trainer, checkpointer_cls = build_trainer(
         family, options.framework, model_cfg, config, options,
-        _initializer(source, options, train_set, run_dir, stream))
+        initializer(source, options, train_set, run_dir, stream))
     checkpointer = checkpointer_cls(run_dir / "checkpoints", keep=options.keep)
     start = _resume(checkpointer, trainer, config, options, run_dir, stream) if options.resume \
         else 0
