@@ -14,13 +14,17 @@ from jaxformer.config import BertConfig, GPTConfig, TransformerConfig
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("checkpoints", "cli", "config", "embed", "generation", "models", "nn", "numerics",
-               "parity", "training", "validate")
+_SUBMODULES = ("checkpoints", "cli", "config", "embed", "generation", "loading", "models", "nn",
+               "numerics", "parity", "training", "validate")
+# names of submodules offered at the top (``jaxformer.load(path)``), imported on first use
+_LAZY = {"load": "loading", "Loaded": "loading", "LoadError": "loading"}
 
-__all__ = ["BertConfig", "GPTConfig", "TransformerConfig", *_SUBMODULES]
+__all__ = ["BertConfig", "GPTConfig", "TransformerConfig", *_LAZY, *_SUBMODULES]
 
 
 def __getattr__(name):
     if name in _SUBMODULES:
         return importlib.import_module(f"jaxformer.{name}")
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"jaxformer.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'jaxformer' has no attribute {name!r}")

@@ -1,6 +1,7 @@
 """The ``jaxformer`` command: the parser and dispatch of ``parity``, ``embed``, ``train``,
-``generate`` and ``data``; each subcommand's work lives in its package (``jaxformer.parity``,
-``jaxformer.embed``, ``jaxformer.training``, ``jaxformer.generation``). ``DESCRIPTION`` is the
+``eval``, ``generate`` and ``data``; each subcommand's work lives in its package or module
+(``jaxformer.parity``, ``jaxformer.embed``, ``jaxformer.training``, ``jaxformer.evaluate``,
+``jaxformer.generation``). ``DESCRIPTION`` is the
 text of ``jaxformer --help``.
 """
 
@@ -20,6 +21,8 @@ DESCRIPTION = """The jaxformer command.
                      cosine-similarity matrix.
   jaxformer train    trains a family on a text file, in JAX or with the PyTorch twin, with
                      metrics, a loss-curve PNG and checkpoints (see docs/training.md).
+  jaxformer eval     measures a trained run (or a Hugging Face directory) on a text file: loss,
+                     perplexity, the family's accuracies (see docs/workflow.md).
   jaxformer generate text from a Hugging Face GPT-2 directory with a KV cache: greedy, sampling
                      or beam search, streamed as it is produced (see docs/generation.md).
   jaxformer data     fetches a corpus (Shakespeare) and writes train.txt, val.txt split by
@@ -105,6 +108,15 @@ def build_parser() -> _Parser:
     train_command.add_arguments(train)
     train.set_defaults(func=train_command.run)
 
+    from jaxformer import evaluate as eval_command
+
+    evaluate = commands.add_parser(
+        "eval", help="loss, perplexity and accuracies of a trained model on a text file",
+        description=eval_command.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    eval_command.add_arguments(evaluate)
+    evaluate.set_defaults(func=eval_command.run)
+
     from jaxformer.generation import cli as generate_command
 
     generate = commands.add_parser(
@@ -122,7 +134,7 @@ def build_parser() -> _Parser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     data_command.add_arguments(data)
     data.set_defaults(func=data_command.run)
-    parser.subcommands = {"parity": parity, "embed": embed, "train": train,
+    parser.subcommands = {"parity": parity, "embed": embed, "train": train, "eval": evaluate,
                           "generate": generate, "data": data}
     return parser
 

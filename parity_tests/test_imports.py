@@ -31,6 +31,10 @@ ALLOWED = {
     ("jaxformer.checkpoints.hf", "torch"):
         "from_pretrained(framework='torch') fills the torch twin (taken through "
         "frameworks.module) with torch tensors; only on that path",
+    ("jaxformer.loading", "torch"):
+        "load(framework='torch') fills the torch twin with torch tensors and puts back torch's "
+        "global RNG state, which building the twin and restoring a torch checkpoint reset; only "
+        "on that path",
     ("jaxformer.checkpoints.hf.files", "torch"):
         "pytorch_model.bin is a torch pickle that only torch.load reads; only for such a file "
         "(safetensors needs no torch)",

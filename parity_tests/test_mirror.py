@@ -57,6 +57,10 @@ JAX_ONLY = {
     "cli.py": "the `jaxformer` command",
     "frameworks.py": "the registry from a framework name to its package: it names the twins",
     "outputs.py": "what a command may write (framework-free rules of the commands, no model)",
+    "loading.py": "one loader of runs and Hugging Face directories (files, checkpoints, "
+                  "conversion through numpy); it reaches the torch side through frameworks",
+    "evaluate.py": "the `jaxformer eval` command (host-side sums over either framework's "
+                   "training/evaluation.py)",
     "embed.py": "an application of the JAX BERT (sentence embeddings), not a building block",
     "models/flops.py": "FLOP and parameter counts from a config (standard library), for both",
     "generation/checks.py": "framework-free generation checks and tables both twins read",

@@ -107,18 +107,20 @@ class Checkpointer:
     problem; ``set_aside(step)`` moves such a checkpoint into ``DIR-damaged/``.
     """
 
-    def __init__(self, directory, keep: int = 3):
+    def __init__(self, directory, keep: int = 3, read_only: bool = False):
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.directory = Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+        self.read_only = read_only  # loading (jaxformer.loading): nothing created or removed
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
                                                enable_async_checkpointing=False)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self.remove_unfinished()
 
     def remove_unfinished(self) -> None:
-        """Delete the temporary directories of saves that never completed (a kill, an abort)."""
-        if jax.process_index() == 0 and self.directory.is_dir():
+        """Delete the temporary directories of saves that never completed (a kill, an abort);
+        never with ``read_only`` (the run may be saving one right now)."""
+        if jax.process_index() == 0 and self.directory.is_dir() and not self.read_only:
             for stale in self.directory.glob(f"*{_TMP}*"):
                 shutil.rmtree(stale, ignore_errors=True)
 

@@ -112,10 +112,25 @@ class Dataset:
         return {key: np.stack([m[key] for m in micro]) for key in micro[0]}
 
     def eval_batches(self, max_batches: int) -> list[dict[str, np.ndarray]]:
-        """Fixed evaluation batches: the same ones at every evaluation."""
-        size = min(self.config.micro_batch_size, self.num_examples)
-        count = max(1, min(max_batches, self.num_examples // size))
-        return [self.micro_batch(k, size) for k in range(count)]
+        """Fixed evaluation batches: the same ones at every evaluation. They are the first
+        :meth:`eval_count` batches of :meth:`eval_batch`: micro-batches of the stream (the
+        seeded permutation of the examples, without repeating one), so a longer evaluation
+        (``jaxformer eval``) begins with the very batches a shorter one (training's) scores."""
+        return [self.eval_batch(k) for k in range(self.eval_count(max_batches))]
+
+    def eval_count(self, max_batches: int | None = None) -> int:
+        """How many evaluation batches ``max_batches`` gives: as many as asked, at most those
+        the examples fill without repeating (every full batch when None), at least one."""
+        most = self.num_examples // self._eval_size()
+        return max(1, most if max_batches is None else min(max_batches, most))
+
+    def eval_batch(self, k: int) -> dict[str, np.ndarray]:
+        """The ``k``-th evaluation batch: ``micro_batch(k)`` of ``micro_batch_size`` examples
+        (all of them when there are fewer)."""
+        return self.micro_batch(k, self._eval_size())
+
+    def _eval_size(self) -> int:
+        return min(self.config.micro_batch_size, self.num_examples)
 
 
 class RandomWindows(Dataset):
@@ -144,7 +159,18 @@ class RandomWindows(Dataset):
     def eval_batches(self, max_batches: int) -> list[dict[str, np.ndarray]]:
         """``max_batches`` random batches of the stream, the same ones at every evaluation
         (nanoGPT's ``estimate_loss`` draws fresh ones each time)."""
-        return [self.micro_batch(k) for k in range(max_batches)]
+        return [self.eval_batch(k) for k in range(self.eval_count(max_batches))]
+
+    def eval_count(self, max_batches: int | None = None) -> int:
+        """``max_batches``; None: as many batches as cover the tokens once on average
+        (random windows have no end to reach)."""
+        if max_batches is not None:
+            return max_batches
+        per_batch = self.config.micro_batch_size * self.config.seq_len
+        return max(1, -(-len(self.tokens) // per_batch))
+
+    def eval_batch(self, k: int) -> dict[str, np.ndarray]:
+        return self.micro_batch(k)
 
 
 # ------------------------------------------------------------------------- greedy samples

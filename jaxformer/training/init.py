@@ -90,7 +90,7 @@ def read(path, step: int | None = None) -> Source:
                     f"Face model directory (no config.json)")
 
 
-def _tokenizer(path: Path, vocab_size: int):
+def _tokenizer(path: Path, vocab_size: int | None):
     from tokenizers import Tokenizer
 
     file = path / "tokenizer.json"
@@ -105,7 +105,7 @@ def _tokenizer(path: Path, vocab_size: int):
     # and cut themselves (to --seq-len), and add [CLS]/[SEP] where they need them.
     tokenizer.no_padding()
     tokenizer.no_truncation()
-    if tokenizer.get_vocab_size() != vocab_size:
+    if vocab_size is not None and tokenizer.get_vocab_size() != vocab_size:
         raise InitError(f"{file}: holds {tokenizer.get_vocab_size()} tokens, but the "
                         f"checkpoint's model has a vocabulary of {vocab_size}: not the "
                         f"checkpoint's tokenizer")
@@ -154,7 +154,7 @@ def _read_run(path: Path, step: int | None) -> Source:
 
         return convert.nnx_to_torch(loaded.model)
 
-    tokenizer = _tokenizer(path, loaded.config.vocab_size)
+    tokenizer = _tokenizer(path, None)  # jaxformer.load checked it against the run's model
     return Source(path, "run", type(loaded.model).__name__, loaded.config, tokenizer, loaded.step,
                   loaded.label_names, weights)
 

@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from jaxformer import frameworks, outputs
 from jaxformer.training import data, init, interrupts, reporting, rundir, tasks, vocab
@@ -112,6 +112,7 @@ class RunResult:
     start_step: int
     final_step: int
     losses: list[float]  # of this session's steps
+    model: Any = None  # the trained model in eval mode (NNX, or torch_ref with --framework torch)
 
 
 def _hf_export(family: str) -> bool:
@@ -203,11 +204,13 @@ def prepare(config: TrainConfig, options: RunOptions):
             **saved, "train_config": {**saved["train_config"],
                                       "steps": identity["train_config"]["steps"]}}
             if extended else saved)
-        if identity != saved:  # extended: the run is now this long
-            rundir.write_atomic(run_dir / "run.json", json.dumps(
-                {**saved_run, "identity": identity}, indent=1))
+        updated = {**saved_run, "identity": identity,  # extended: the run is now this long
+                   "evaluation": _evaluation(options)}
+        if updated != saved_run:
+            rundir.write_atomic(run_dir / "run.json", json.dumps(updated, indent=1))
     else:
-        rundir.write_run(run_dir, identity, tokenizer, getattr(train_set, "label_names", None))
+        rundir.write_run(run_dir, identity, tokenizer, getattr(train_set, "label_names", None),
+                         _evaluation(options))
     return run_dir, identity, model_cfg, train_set, eval_set, source
 
 
@@ -249,6 +252,13 @@ def initializer(source, options: RunOptions, train_set, run_dir: Path, stream):
         return result.weights
 
     return apply
+
+
+def _evaluation(options: RunOptions) -> dict:
+    """How the run evaluates (run.json's ``evaluation``; not part of its identity): what
+    ``jaxformer eval`` needs to name the batches training scored."""
+    return {"eval_every": options.eval_every, "eval_batches": options.eval_batches,
+            "held_out": bool(options.eval_every and not options.val_data)}
 
 
 def train(config: TrainConfig, options: RunOptions) -> RunResult:
@@ -352,7 +362,9 @@ def train(config: TrainConfig, options: RunOptions) -> RunResult:
                                       f"{family} {options.preset_label} ({options.framework})")
     if interrupted:
         raise RunInterrupted(interrupted, trainer.step, checkpointer.directory)
-    return RunResult(run_dir, metrics_path, plot_path, start, trainer.step, losses)
+    model = trainer.sync()
+    model.eval()
+    return RunResult(run_dir, metrics_path, plot_path, start, trainer.step, losses, model)
 
 
 def _resume(checkpointer, trainer, config: TrainConfig, options: RunOptions, run_dir: Path,
@@ -406,10 +418,14 @@ def export_hf(model, run_dir: Path, path: Path, overwrite: bool = False) -> None
     outputs.check_directory("--export-hf", path, "a previous --export-hf export",
                             overwrite=overwrite, previous=outputs.has_marker(rundir.EXPORT_KIND),
                             keep={f"the run directory ({run_dir})": run_dir})
+    from jaxformer.loading import export_token_ids
+
     files = {"tokenizer.json": (run_dir / "tokenizer.json").read_bytes()}
     marker = outputs.marker_text(rundir.EXPORT_KIND, [CONFIG, SAFETENSORS, *files])
     save_pretrained(model, path, overwrite=True,
-                    extra_files={**files, outputs.MARKER: marker.encode()})
+                    extra_files={**files, outputs.MARKER: marker.encode()},
+                    token_ids=export_token_ids(model, run_dir / "tokenizer.json"),
+                    label_names=rundir.read_run(run_dir).get("label_names"))
 
 
 def data_tokens(dataset: data.Dataset, config: TrainConfig) -> int:

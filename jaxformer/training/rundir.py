@@ -1,9 +1,10 @@
 """The run directory of ``jaxformer train`` (shared glue, no twin): where a run lives on disk.
 
 One run lives in one directory (``--checkpoint-dir``, default ``runs/FAMILY-PRESET``):
-``run.json`` (the run identity and the classifier's label names), ``tokenizer.json``,
-``checkpoints/``, by default ``metrics.jsonl`` and its plot. Used by ``loop.prepare`` to refuse a
-directory or a resume that does not fit, naming each difference, before anything is written.
+``run.json`` (the run identity, the classifier's label names and how the run evaluates),
+``tokenizer.json``, ``checkpoints/``, by default ``metrics.jsonl`` and its plot. Used by
+``loop.prepare`` to refuse a directory or a resume that does not fit, naming each difference,
+before anything is written.
 """
 
 from __future__ import annotations
@@ -70,14 +71,22 @@ def read_run(run_dir: Path) -> dict:
         if not isinstance(identity.get(name), kind):
             raise DamagedFile(path, f"identity.{name} is missing or not a JSON "
                                     f"{'string' if kind is str else 'object'}")
-    vocab_size = identity["model_config"].get("vocab_size")
+    field = vocab_field(identity["model_config"])
+    vocab_size = identity["model_config"].get(field)
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
-        raise DamagedFile(path, "identity.model_config.vocab_size is missing or not an integer")
+        raise DamagedFile(path, f"identity.model_config.{field} is missing or not an integer")
     labels = run.get("label_names")
     if labels is not None and not (isinstance(labels, list)
                                    and all(isinstance(x, str) for x in labels)):
         raise DamagedFile(path, "label_names must be a list of strings")
     return run
+
+
+def vocab_field(model_config: dict) -> str:
+    """The field of a run's model config (as run.json holds it) that the tokenizer sizes: the
+    encoder-decoder's target vocabulary (``tgt_vocab_size``; jaxformer shares one tokenizer
+    between source and target), every other family's ``vocab_size``."""
+    return "tgt_vocab_size" if "tgt_vocab_size" in model_config else "vocab_size"
 
 
 def run_directory(checkpoint_dir: str | None, family: str, preset: str) -> Path:
@@ -105,12 +114,16 @@ def check_identity(run_dir: Path, identity: dict, saved: dict | None = None) -> 
                           f"(nothing was written):\n  " + "\n  ".join(differences))
 
 
-def write_run(run_dir: Path, identity: dict, tokenizer, label_names: list[str] | None) -> None:
-    """A new run: the directory, its ``tokenizer.json`` and its ``run.json``."""
+def write_run(run_dir: Path, identity: dict, tokenizer, label_names: list[str] | None,
+              evaluation: dict | None = None) -> None:
+    """A new run: the directory, its ``tokenizer.json`` and its ``run.json`` (with
+    ``evaluation``, how the run evaluates, when given)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(run_dir / "tokenizer.json"))
-    write_atomic(run_dir / "run.json", json.dumps(
-        {"identity": identity, "label_names": label_names}, indent=1))
+    run = {"identity": identity, "label_names": label_names}
+    if evaluation is not None:
+        run["evaluation"] = evaluation
+    write_atomic(run_dir / "run.json", json.dumps(run, indent=1))
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -198,7 +211,8 @@ def run_tokenizer(run_dir: Path, saved_run: dict):
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as error:  # tokenizers raises a bare Exception
         raise DamagedFile(path, f"not a tokenizers tokenizer ({str(error)[:200]})") from None
-    expected = saved_run["identity"]["model_config"]["vocab_size"]
+    model_config = saved_run["identity"]["model_config"]
+    expected = model_config[vocab_field(model_config)]
     if tokenizer.get_vocab_size() != expected:
         raise DamagedFile(path, f"holds {tokenizer.get_vocab_size()} tokens, but the run's model "
                                 f"(run.json) has a vocabulary of {expected}: not the tokenizer "

@@ -39,16 +39,21 @@ class Checkpointer:
     ``set_aside(step)`` moves such a checkpoint into ``DIR-damaged/``.
     """
 
-    def __init__(self, directory, keep: int = 3):
+    def __init__(self, directory, keep: int = 3, read_only: bool = False):
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.directory = Path(directory).absolute()
         self._keep = keep
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.read_only = read_only  # loading (jaxformer.loading): nothing created or removed
+        if not read_only:
+            self.directory.mkdir(parents=True, exist_ok=True)
         self.remove_unfinished()
 
     def remove_unfinished(self) -> None:
-        """Delete the temporary directories of saves that never completed (a kill, an abort)."""
+        """Delete the temporary directories of saves that never completed (a kill, an abort);
+        never with ``read_only`` (the run may be saving one right now)."""
+        if self.read_only:
+            return
         for stale in self.directory.glob(".tmp-step_*"):
             shutil.rmtree(stale, ignore_errors=True)
 

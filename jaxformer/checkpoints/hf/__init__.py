@@ -196,10 +196,21 @@ def _our_state_dict(model) -> dict[str, np.ndarray]:
     return convert.nnx_to_torch(model)
 
 
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
 def save_pretrained(model, path: str | os.PathLike, *, overwrite: bool = False,
-                    extra_files: Mapping[str, bytes] | None = None) -> Path:
+                    extra_files: Mapping[str, bytes] | None = None,
+                    token_ids: Mapping[str, int | None] | None = None,
+                    label_names: list[str] | None = None) -> Path:
     """Write ``model`` (jaxformer or torch_ref) as a Hugging Face directory: ``config.json``
     (with ``architectures``) and ``model.safetensors`` (float32, tied weights stored once).
+
+    ``token_ids`` sets ``config.json``'s ``bos_token_id``, ``eos_token_id`` and
+    ``pad_token_id`` (the tokenizer's; ``loading.export_token_ids`` derives them): without an
+    ``eos_token_id`` Hugging Face's ``generate`` never stops before ``max_new_tokens``. A None
+    value leaves the config's own. ``label_names``: a classifier's class names in id order
+    (``id2label`` and ``label2id``; default ``LABEL_i``).
 
     Written into a temporary directory beside ``path`` and renamed into place, so an error leaves
     nothing half-written. A non-empty existing ``path`` is refused unless ``overwrite=True``, which
@@ -215,6 +226,23 @@ def save_pretrained(model, path: str | os.PathLike, *, overwrite: bool = False,
     config = model.config
     options = arch.family.options_of(model)
     hf_config = config_to_hf(config, arch.name)
+    for key, value in (token_ids or {}).items():
+        if key not in TOKEN_ID_KEYS:
+            raise ValueError(f"token_ids: unknown key {key!r}; one of {TOKEN_ID_KEYS}")
+        if value is not None:
+            vocab = getattr(config, "vocab_size", None)
+            if not isinstance(value, int) or (vocab is not None and not 0 <= value < vocab):
+                raise ValueError(f"token_ids: {key}={value!r} is not an id of the model's "
+                                 f"vocabulary of {vocab}")
+            hf_config[key] = value
+    if label_names is not None:
+        if "id2label" not in hf_config or len(label_names) != len(hf_config["id2label"]) or \
+                len(set(label_names)) != len(label_names):
+            raise ValueError(f"label_names: {len(label_names)} distinct names are for a "
+                             f"classifier of as many labels; this {arch.name} has "
+                             f"{len(hf_config.get('id2label', {}))}")
+        hf_config["id2label"] = {str(i): name for i, name in enumerate(label_names)}
+        hf_config["label2id"] = {name: i for i, name in enumerate(label_names)}
     state = to_hf_state_dict(_our_state_dict(model), arch, config, options)
 
     def write(directory: Path) -> None:

@@ -127,14 +127,20 @@ class Task:
         if eval_text is None:
             return self.make_datasets(text, tokenizer, config, specials, eval_fraction)
         train, _ = self.make_datasets(text, tokenizer, config, specials, 0.0)
-        held, _ = self.make_datasets(eval_text, tokenizer, config, specials, 0.0)
-        held._stream = 1  # the evaluation stream: its own permutations and random draws
+        held = self.eval_dataset(eval_text, tokenizer, config)
         held_labels = getattr(held, "label_names", None)
         train_labels = getattr(train, "label_names", None)
         if held_labels != train_labels:
             raise DataError(f"the validation file's labels {held_labels} differ from the "
                             f"training file's {train_labels}")
         return train, held
+
+    def eval_dataset(self, text: str, tokenizer, config: TrainConfig) -> Dataset:
+        """The evaluation set of a validation text (``--val-data``; ``jaxformer eval``): all of
+        ``text``, on the evaluation stream (its own permutations and random draws)."""
+        held, _ = self.make_datasets(text, tokenizer, config, self.special_ids(tokenizer), 0.0)
+        held._stream = 1
+        return held
 
     def make_datasets(self, text: str, tokenizer, config: TrainConfig, specials: dict,
                       eval_fraction: float) -> tuple[Dataset, Dataset | None]:
