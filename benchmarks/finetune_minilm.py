@@ -23,6 +23,13 @@ fixed batches of the validation plays. Results: benchmarks/results/finetune_mini
 
   python benchmarks/finetune_minilm.py                 # the measured configuration, four runs
   python benchmarks/finetune_minilm.py --steps 4 --eval-every 2 --eval-batches 1 --no-save
+
+On a shared machine the frameworks can run as two processes at once, each writing a partial
+report, then combined into the result files:
+
+  python benchmarks/finetune_minilm.py --frameworks jax --partial /tmp/jax.json &
+  python benchmarks/finetune_minilm.py --frameworks torch --partial /tmp/torch.json; wait
+  python benchmarks/finetune_minilm.py --combine /tmp/jax.json /tmp/torch.json
 """
 
 from __future__ import annotations
@@ -196,7 +203,17 @@ def main(argv=None) -> int:
     parser.add_argument("--log-every", type=int, default=20, help="progress line period")
     parser.add_argument("--runs-dir", help="keep the run directories here (default: a temporary "
                                            "directory, removed)")
+    parser.add_argument("--partial", metavar="JSON",
+                        help="write this run's report here only (to --combine later)")
+    parser.add_argument("--combine", nargs="+", metavar="JSON",
+                        help="write the result files from --partial reports, running nothing")
     args = parser.parse_args(argv)
+    if args.combine:
+        reports = [json.loads(Path(path).read_text()) for path in args.combine]
+        report = {**reports[0], "runs": {name: run for r in reports
+                                         for name, run in r["runs"].items()},
+                  "commands": [r["command"] for r in reports]}
+        return write(report, Path(args.out), [n.split("-")[0] for n in report["runs"]])
     frameworks, starts = args.frameworks.split(","), args.starts.split(",")
     if not set(frameworks) <= {"jax", "torch"} or not set(starts) <= {"finetune", "scratch"}:
         parser.error("--frameworks names jax and/or torch, --starts finetune and/or scratch")
@@ -227,17 +244,25 @@ def main(argv=None) -> int:
                 print(f"== {name}: final val accuracy {100 * run['final_val_accuracy']:.1f}% "
                       f"(val loss {run['final_val_loss']:.4f}), wall {run['wall_s']:.0f} s, "
                       f"load {run['loadavg_before']} -> {run['loadavg_after']}", flush=True)
+    if args.partial:
+        Path(args.partial).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.partial}")
+        return 0
+    return write(report, None if args.no_save else Path(args.out), starts)
+
+
+def write(report: dict, out: Path | None, starts: list[str]) -> int:
+    """The summary (printed) and, unless ``out`` is None, the JSON and PNG results."""
     summary = {name: round(run["final_val_accuracy"], 4) for name, run in report["runs"].items()}
-    for start in starts:
+    for start in dict.fromkeys(starts):
         if all(f"{start}-{f}" in report["runs"] for f in ("jax", "torch")):
             a, b = (report["runs"][f"{start}-{f}"]["val"] for f in ("jax", "torch"))
             summary[f"{start}_jax_torch_max_accuracy_diff"] = max(
                 abs(x["accuracy"] - y["accuracy"]) for x, y in zip(a, b))
     report["summary"] = summary
     print(json.dumps(summary))
-    if args.no_save:
+    if out is None:
         return 0
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp_file = out / f".finetune_minilm.json.tmp-{os.getpid()}"
     tmp_file.write_text(json.dumps(report, indent=1) + "\n")

@@ -244,3 +244,36 @@ def test_an_agreeing_preset_is_accepted(bert_dir, tmp_path, capsys):
     hf_config = json.loads((hf_dir / "config.json").read_text())
     assert run["identity"]["model_config"]["vocab_size"] == hf_config["vocab_size"]
     assert run["identity"]["init_from"]["path"] == str(hf_dir.resolve())
+
+
+def test_init_from_a_run_directory(tmp_path, capsys):
+    """``--init-from`` a run (through ``jaxformer.load``): a classifier from a BERT pre-training
+    run drops the MLM and NSP heads; from a classifier run with the same labels it takes every
+    tensor, with other labels it makes its classifier fresh and says why."""
+    pre_data = tmp_path / "pre.txt"
+    pre_data.write_text(corpus("bert"))
+    labelled = write_corpus(tmp_path / "labelled.txt", lines=40, tabs=True)
+    relabelled = tmp_path / "relabelled.txt"
+    relabelled.write_text(corpus("classifier", 40).replace("yes\t", "cat\t").replace("no\t", "x\t"))
+    common = ["--steps", 1, "--batch-size", 2, "--seq-len", 16, "--progress", "none"]
+    assert train("--family", "bert", "--data", pre_data, "--checkpoint-dir", tmp_path / "pre",
+                 *common) == 0
+    capsys.readouterr()
+    assert train("--family", "classifier", "--init-from", tmp_path / "pre", "--data", labelled,
+                 "--checkpoint-dir", tmp_path / "cls", *common) == 0
+    out = capsys.readouterr().out
+    assert f"from {tmp_path / 'pre'} (run BertForPreTraining, step 1)" in out
+    assert "fresh (created from --seed): classifier (2 tensors)" in out
+    assert "dropped (the classifier model has no use for them): mlm" in out
+    identity = json.loads((tmp_path / "cls" / "run.json").read_text())["identity"]
+    assert identity["init_from"]["source"] == "run"
+    assert identity["init_from"]["step"] == 1
+    for data, fresh in ((labelled, "none"), (relabelled, "classifier (2 tensors, the checkpoint's "
+                                                          "labels ['no', 'yes'] are not the "
+                                                          "data's ['cat', 'x'])")):
+        run = tmp_path / f"again-{fresh[:4]}"
+        assert train("--family", "classifier", "--init-from", tmp_path / "cls", "--data", data,
+                     "--checkpoint-dir", run, *common) == 0
+        out = capsys.readouterr().out
+        assert f"fresh (created from --seed): {fresh}\n" in out, out
+        assert "dropped (the classifier model has no use for them): none" in out
