@@ -14,7 +14,7 @@ checkpoint does the same with its own prefix (none in a Hugging Face ``BertModel
 parameter is looked up under the checkpoint's prefix, a head parameter under its own key. Found
 with the same shape, it is loaded; otherwise it keeps the task's fresh initialisation (from
 ``--seed``, as without ``--init-from``) and is reported as fresh, grouped by module
-(``classifier``, ``bert.pooler``, ``mlm``, ...). A checkpoint parameter no task parameter takes is
+(classifier, bert.pooler, mlm, ...). A checkpoint parameter no task parameter takes is
 reported as dropped (the MLM and NSP heads of a pre-training checkpoint under a classifier). A
 checkpoint of another family (GPT weights for the classifier) or one that fills none of the base
 model is refused, as is a tokenizer that does not fit the checkpoint's vocabulary.
@@ -213,7 +213,7 @@ def check_flags(source: Source, task, options) -> None:
 @dataclass
 class Match:
     """The task's initial weights and where each came from. ``fresh`` and ``dropped`` map a
-    module (``classifier``, ``bert.pooler``, ``mlm``) to its parameters' keys; ``reasons`` says
+    module (classifier, bert.pooler, mlm) to its parameters' keys; ``reasons`` says
     why a module is fresh when the checkpoint has it."""
 
     weights: dict[str, np.ndarray]
@@ -242,7 +242,7 @@ class Match:
 
 def _module(key: str, prefix: str) -> str:
     """The module a parameter is reported under: a head's first name, or the base model's
-    prefix and first name (``classifier``, ``bert.pooler``)."""
+    prefix and first name (classifier, bert.pooler)."""
     if prefix and key.startswith(prefix):
         return prefix + key[len(prefix):].split(".")[0]
     return key.split(".")[0]
