@@ -147,6 +147,12 @@ class BertConfig(_ModelConfig):
                    max_position_embeddings=64, type_vocab_size=3)
 
     @classmethod
+    def minilm(cls) -> BertConfig:
+        """MiniLM-L6-H384 (uncased), the architecture of all-MiniLM-L6-v2: 6 layers, hidden 384,
+        12 heads, 22.7M parameters; the fine-tuning benchmark trains it from scratch."""
+        return cls(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536)
+
+    @classmethod
     def simple_bert(cls) -> BertConfig:
         """Seed 000's ``SimpleBertModel`` defaults (no attention-probability dropout)."""
         return cls(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=256,

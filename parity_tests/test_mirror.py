@@ -78,6 +78,8 @@ JAX_ONLY = {
     "training/loop.py": "one training loop that drives either framework's step",
     "training/interrupts.py": "how `jaxformer train` answers SIGINT/SIGTERM (either framework)",
     "training/rundir.py": "the run directory of `jaxformer train` (files, no model)",
+    "training/init.py": "`train --init-from`: a checkpoint's numpy state dict matched to the "
+                        "task's model, which both twins then load",
     "training/reporting.py": "metrics lines, progress and plot of `jaxformer train` (no model)",
     "training/command.py": "the `jaxformer train` command",
     "training/config_file.py": "`jaxformer train --config` and the run's config.toml (CLI glue)",

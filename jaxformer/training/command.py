@@ -37,7 +37,12 @@ What each family makes of the file (UTF-8 text; docs/training.md has the details
   transformer  SOURCE<TAB>TARGET lines (or each line followed by the next); label smoothing
   classifier   LABEL<TAB>TEXT lines; BERT with a classifier on the pooled [CLS] vector
 
-A WordPiece vocabulary is trained on the file unless --tokenizer says otherwise.
+A WordPiece vocabulary is trained on the file unless --tokenizer says otherwise, or --init-from
+gives the tokenizer (and the architecture and weights) of a trained model to fine-tune.
+
+Fine-tuning a Hugging Face checkpoint (or a run directory) as a classifier (docs/training.md):
+  jaxformer train --family classifier --init-from all-MiniLM-L6-v2/ --data train.tsv
+    --val-data val.tsv --steps 80 --batch-size 16 --lr 1e-4 --eval-every 20
 
 nanoGPT's "baby GPT" on character-level Shakespeare (docs/training.md):
   jaxformer train --family gpt --preset baby --tokenizer char --data train.txt
@@ -62,7 +67,14 @@ FLAGS: list[tuple[str, tuple[str, ...], str, dict[str, Any]]] = [
           help="model family and objective (see above)")),
     ("run", ("--preset",), "preset",
      dict(help="model size: a preset of the family's config (tiny, base, gpt2, simple_bert, ...; "
-               "default tiny)")),
+               "default tiny, or with --init-from the checkpoint's architecture)")),
+    ("run", ("--init-from",), "init_from",
+     dict(metavar="DIR",
+          help="start from the weights of a jaxformer run directory (its latest checkpoint) or a "
+               "Hugging Face model directory: the architecture and the tokenizer are the "
+               "checkpoint's (a --preset, --tokenizer or --vocab-size that disagrees is an "
+               "error), heads the checkpoint lacks are created fresh and those the task does not "
+               "use are dropped, each reported by name (docs/training.md, fine-tuning)")),
     ("run", ("--data",), "data", dict(required=True, metavar="PATH", help="the UTF-8 text file")),
     ("run", ("--tokenizer",), "tokenizer",
      dict(metavar="KIND|JSON",
@@ -171,7 +183,8 @@ FLAGS: list[tuple[str, tuple[str, ...], str, dict[str, Any]]] = [
     ("output", ("--metrics",), "metrics",
      dict(metavar="FILE",
           help="JSON lines, one per update: step, loss, learning_rate, grad_norm, seconds, "
-               "tokens_per_s, model_tflops_per_s, mfu (with --peak-tflops), eval_loss (default "
+               "tokens_per_s, model_tflops_per_s, mfu (with --peak-tflops), eval_loss (and "
+               "eval_accuracy for the classifier; val_ with --val-data) (default "
                "DIR/metrics.jsonl); a new file, or on --resume the run's own (rewritten)")),
     ("output", ("--plot",), "plot",
      dict(metavar="PNG", help="loss curve (default: the metrics path, .png); a new file, or on "
@@ -289,7 +302,8 @@ def run(args) -> int:
         import threading
 
         threading.excepthook = lambda hook_args: None
-        run_dir = Path(args.checkpoint_dir or f"runs/{args.family}-{args.preset}")
+        label = args.preset or ("finetune" if args.init_from else "tiny")
+        run_dir = Path(args.checkpoint_dir or f"runs/{args.family}-{label}")
         what = ("a second signal: stopped at once" if isinstance(error, loop.RunAborted)
                 else "interrupted before the first update")
         line = f"jaxformer train: {what}; nothing unfinished was left behind"

@@ -170,7 +170,7 @@ def resolved(config, options, flags: Flags) -> dict[str, Any]:
             continue
         value = getattr(config if key.group == "hyper" else options, key.field)
         if name == "checkpoint-dir":
-            value = str(rundir.run_directory(value, options.family, options.preset))
+            value = str(rundir.run_directory(value, options.family, options.preset_label))
         if value is not None:
             values[name] = value
     return values

@@ -21,6 +21,7 @@ from jaxformer import frameworks, outputs
 from jaxformer.training import (
     config_file,
     data,
+    init,
     interrupts,
     reporting,
     rundir,
@@ -53,7 +54,8 @@ class RunOptions:
 
     family: str
     data: str
-    preset: str = "tiny"
+    preset: str | None = None  # None: "tiny", or with init_from the checkpoint's architecture
+    init_from: str | None = None  # a run or Hugging Face directory to start from (training.init)
     framework: str = "jax"
     tokenizer: str | None = None
     vocab_size: int | None = None
@@ -83,6 +85,12 @@ class RunOptions:
     # False when the warm-up was derived from --steps rather than given: on --resume the run's
     # own warm-up is kept (extending a run does not move it)
     warmup_given: bool = True
+
+    @property
+    def preset_label(self) -> str:
+        """The preset's name, or ``finetune`` for a run whose architecture is its checkpoint's
+        (the default run directory is ``runs/FAMILY-LABEL``)."""
+        return self.preset or ("finetune" if self.init_from else "tiny")
 
     def check(self) -> None:
         rules = [(self.framework in FRAMEWORKS, "framework", f"one of {FRAMEWORKS}"),
@@ -123,15 +131,20 @@ def _hf_export(family: str) -> bool:
     return family in tasks.TASKS and tasks.TASKS[family].hf_export
 
 
-def build_trainer(family, framework, model_cfg, config, options):
+def build_trainer(family, framework, model_cfg, config, options, init=None):
     """The step and the checkpointer class of ``framework``, from the seed's weights: the torch
-    twin starts from the very weights jaxformer initialises (a numpy state dict)."""
+    twin starts from the very weights jaxformer initialises (a numpy state dict). ``init``
+    (``--init-from``): a function of that state dict that returns it with the checkpoint's
+    weights in place (``training.init.match``), so both frameworks start from the same
+    checkpoint weights and the same fresh heads."""
     weights = None
-    if framework != "jax":
+    if framework != "jax" or init is not None:
         from jaxformer.checkpoints import convert
         from jaxformer.training import step as jax_step
 
         weights = convert.nnx_to_torch(jax_step.build_model(family, model_cfg, config.seed))
+        if init is not None:
+            weights = init(weights)
     step = frameworks.module(framework, "training.step")
     checkpointer = frameworks.module(framework, "training.checkpoint").Checkpointer
     return step.build_trainer(family, model_cfg, config, options, weights), checkpointer
@@ -146,20 +159,29 @@ def prepare(config: TrainConfig, options: RunOptions, status: startup.Status | N
         from jaxformer.sharding import distributed
 
         distributed.check_mesh(options.mesh, config.micro_batch_size)
-    run_dir = rundir.run_directory(options.checkpoint_dir, options.family, options.preset)
+    run_dir = rundir.run_directory(options.checkpoint_dir, options.family, options.preset_label)
     rundir.check_usable(run_dir, options.resume)
     rundir.check_outputs(run_dir, options)
     if config.gpt_windows != "packed" and options.family != "gpt":
         raise ValueError(f"gpt_windows {config.gpt_windows!r} is for the gpt family only, got "
                          f"family {options.family!r}")
+    task = tasks.get(options.family)
+    saved_run: dict = rundir.read_run(run_dir) if options.resume else {}
+    if options.resume:
+        _check_resumed_init(run_dir, saved_run, options)
+    source = None
+    if options.init_from:  # the architecture and the tokenizer are the checkpoint's
+        source = init.read(options.init_from)
+        init.check_family(source, task)
+        init.check_flags(source, task, options)
     text = data.read_text(options.data)
     val_text = data.read_text(options.val_data) if options.val_data else None
-    task = tasks.get(options.family)
-    base = task.model_config(options.preset)
-    saved_run: dict = rundir.read_run(run_dir) if options.resume else {}
+    base = task.model_config(options.preset_label) if source is None else source.config
     with status.phase("tokenizer", _tokenizer_phase(options, run_dir)):
         if options.resume:
             tokenizer = rundir.run_tokenizer(run_dir, saved_run)
+        elif source is not None:
+            tokenizer = source.tokenizer
         elif options.tokenizer:
             # a character vocabulary spans both files, as nanoGPT's spans its whole corpus;
             # learned vocabularies see the training text only
@@ -174,22 +196,26 @@ def prepare(config: TrainConfig, options: RunOptions, status: startup.Status | N
         train_set, eval_set = task.build_datasets(text, tokenizer, config, eval_fraction,
                                                   eval_text=val_text)
     specials = task.special_ids(tokenizer)
-    model_cfg = task.model_config(options.preset, vocab_size=tokenizer.get_vocab_size(),
-                                  pad_id=specials.get("[PAD]"), num_labels=train_set.num_labels,
-                                  dropout=options.dropout, dtype=options.dtype,
-                                  param_dtype=options.param_dtype,
-                                  scan_layers=options.scan_layers, remat=options.remat)
+    model_cfg = task.configure(base, vocab_size=None if source else tokenizer.get_vocab_size(),
+                               pad_id=specials.get("[PAD]"), num_labels=train_set.num_labels,
+                               dropout=options.dropout, dtype=options.dtype,
+                               param_dtype=options.param_dtype,
+                               scan_layers=options.scan_layers, remat=options.remat)
     if config.seq_len > model_cfg.max_position_embeddings:
-        raise ValueError(f"seq_len ({config.seq_len}) exceeds the {options.preset} preset's "
+        what = (f"the {options.preset_label} preset's" if source is None
+                else f"the checkpoint's ({options.init_from})")
+        raise ValueError(f"seq_len ({config.seq_len}) exceeds {what} "
                          f"max_position_embeddings ({model_cfg.max_position_embeddings})")
     if options.export_hf:  # refused before training, not after it
         from jaxformer.checkpoints.hf import UnsupportedConfigError, export_architecture
         try:
             export_architecture(task.model_module.removeprefix("models."), task.model, model_cfg)
         except UnsupportedConfigError as error:
-            raise ValueError(f"--export-hf: the {options.preset} preset {error}") from None
+            raise ValueError(f"--export-hf: the {options.preset_label} preset {error}") from None
     identity = run_identity(options.family, options.framework, model_cfg, config,
                             data.file_sha256(options.data))
+    if source is not None:
+        identity["init_from"] = source.record()
     if options.val_data:
         identity["val_data_sha256"] = data.file_sha256(options.val_data)
     # several processes: the same run and tokenizer everywhere (every process has made its
@@ -210,7 +236,48 @@ def prepare(config: TrainConfig, options: RunOptions, status: startup.Status | N
     elif primary:
         rundir.write_run(run_dir, identity, tokenizer, getattr(train_set, "label_names", None),
                          _evaluation(options))
-    return run_dir, identity, model_cfg, train_set, eval_set
+    return run_dir, identity, model_cfg, train_set, eval_set, source
+
+
+def _check_resumed_init(run_dir: Path, saved_run: dict, options: RunOptions) -> None:
+    """``--resume`` repeats the run's own ``--init-from`` (as every flag of the run; the command
+    printed on an interrupt does), and gives none to a run that did not start from one."""
+    saved = saved_run["identity"].get("init_from")
+    if saved and not options.init_from:
+        raise ResumeError(f"cannot resume {run_dir}: the run started from --init-from "
+                          f"{saved.get('path')}; give the same --init-from with --resume (its "
+                          f"weights are then those of the run's checkpoint; nothing was written)")
+    if options.init_from and not saved:
+        raise ResumeError(f"cannot resume {run_dir} with --init-from {options.init_from}: the run "
+                          f"did not start from a checkpoint, and --resume continues from its own "
+                          f"(drop --init-from, or start a new run in another --checkpoint-dir; "
+                          f"nothing was written)")
+
+
+def initializer(source, options: RunOptions, train_set, run_dir: Path, stream,
+                primary: bool = True):
+    """``build_trainer``'s ``init`` for ``--init-from``: matches the checkpoint's weights to the
+    task's model, prints what was loaded, created fresh and dropped, and records it in
+    ``run.json`` (``init``)."""
+    if source is None:
+        return None
+
+    def apply(fresh):
+        labels = getattr(train_set, "label_names", None)
+        renew = {}
+        if source.label_names is not None and labels is not None and source.label_names != labels:
+            renew["classifier"] = (f"the checkpoint's labels {source.label_names} are not the "
+                                   f"data's {labels}")
+        result = init.initial_weights(source, options.family, fresh, renew)
+        for line in result.report(source, options.family):
+            print(line, file=stream, flush=True)
+        run = rundir.read_run(run_dir)
+        if primary and run.get("init") != result.to_json():
+            rundir.write_atomic(run_dir / "run.json",
+                                json.dumps({**run, "init": result.to_json()}, indent=1))
+        return result.weights
+
+    return apply
 
 
 def _processes_agree(identity: dict, tokenizer) -> bool:
@@ -257,12 +324,15 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
     stream = (options.stream or sys.stdout) if primary else io.StringIO()
     progress = options.progress if primary else "none"
     status = startup.Status(stream, enabled=progress != "none")
-    run_dir, identity, model_cfg, train_set, eval_set = prepare(config, options, status)
+    run_dir, identity, model_cfg, train_set, eval_set, source = prepare(config, options, status)
     config = TrainConfig(**identity["train_config"])  # resolved (an extension keeps its warm-up)
     family = options.family
+    # With --init-from the checkpoint's weights are matched in on --resume too: the restored
+    # state replaces them, and a run interrupted before its first save starts where it began.
     with status.phase("build", f"the {family} model and its train step ({options.framework})"):
-        trainer, checkpointer_cls = build_trainer(family, options.framework, model_cfg, config,
-                                                  options)
+        trainer, checkpointer_cls = build_trainer(
+            family, options.framework, model_cfg, config, options,
+            initializer(source, options, train_set, run_dir, stream, primary))
     checkpointer = checkpointer_cls(run_dir / "checkpoints", keep=options.keep)
     start = _resume(checkpointer, trainer, config, options, run_dir, stream) if options.resume \
         else 0
@@ -327,6 +397,9 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
                 last = step + 1 == config.steps
                 if eval_sets and ((step + 1) % options.eval_every == 0 or last):
                     record[eval_key] = sum(map(trainer.evaluate, eval_sets)) / len(eval_sets)
+                    if tasks.get(family).accuracy:  # equal batches: the mean of their means
+                        record[eval_key.replace("loss", "accuracy")] = sum(
+                            map(trainer.accuracy, eval_sets)) / len(eval_sets)
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
                 losses.append(result["loss"])
@@ -358,7 +431,7 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
             records = reporting.read_metrics(metrics_path)
             if records:
                 reporting.plot_losses(records, plot_path,
-                                      f"{family} {options.preset} ({options.framework})")
+                                      f"{family} {options.preset_label} ({options.framework})")
     if interrupted:
         raise RunInterrupted(interrupted, trainer.step, checkpointer.directory)
     model = trainer.sync()

@@ -106,6 +106,13 @@ def classification_batch_loss(model, batch: dict, config: TrainConfig):
     return classification_loss(logits, batch["labels"])
 
 
+def classification_batch_accuracy(model, batch: dict, config: TrainConfig):
+    """The fraction of the batch whose highest logit is its label (``tasks.CLASSIFICATION``'s
+    ``accuracy``, reported at evaluations)."""
+    logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    return jnp.mean((jnp.argmax(logits, axis=-1) == batch["labels"]).astype(jnp.float32))
+
+
 def batch_loss(family: str, model, batch: dict, config: TrainConfig):
     """The objective of task ``family`` on one micro-batch (keys: its ``batch_keys``): the
     function of this module that the Task names."""

@@ -2,7 +2,8 @@
 progress lines or bar, and the loss plot.
 
 Each update appends one JSON line to ``metrics.jsonl`` (step, loss, learning rate, gradient norm,
-time, tokens/s, model TFLOP/s and MFU, and at evaluations ``eval_loss`` or ``val_loss``); the loop
+time, tokens/s, model TFLOP/s and MFU, and at evaluations ``eval_loss`` or ``val_loss``, and for
+the classifier ``eval_accuracy`` or ``val_accuracy``); the loop
 in ``training/loop.py`` builds the records, this module writes, prints and draws them.
 """
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 # evaluation keys of a metrics line: on the held-out tenth of the data file, or on --val-data
 EVAL_KEYS = ("eval_loss", "val_loss")
+ACCURACY_KEYS = ("eval_accuracy", "val_accuracy")  # the same, for a task with an accuracy
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -59,7 +61,7 @@ def report(record: dict, total: int, bar, progress: str, log_every: int, stream,
         line = (f"step {record['step']}/{total}  loss {record['loss']:.6f}  "
                 f"lr {record['learning_rate']:.3e}  grad_norm {record['grad_norm']:.4f}  "
                 f"tokens/s {record['tokens_per_s']:.0f}")
-        for key in EVAL_KEYS:
+        for key in (*EVAL_KEYS, *ACCURACY_KEYS):
             if key in record:
                 line += f"  {key} {record[key]:.6f}"
         print(line, file=stream, flush=True)

@@ -100,7 +100,7 @@ def summary_rows(family: str, options, model_cfg, config, trainer, train_set, ev
     else:
         resume = f"step 0 of {config.steps} (a new run)"
     return [
-        ("model", f"{family}, preset {options.preset}: {task.model}, vocabulary "
+        ("model", f"{family}, preset {options.preset_label}: {task.model}, vocabulary "
                   f"{_vocab(model_cfg):,}"),
         ("parameters", f"{parameter_count(trainer.model):,}"),
         ("tokens/update", f"{tokens:,} ({config.batch_size} examples x "

@@ -112,7 +112,9 @@ class TrainStep:
                 self._params, self._opt_state, self._rest)), sharding.replicated(mesh))
         self._train = jax.jit(_train_fn(self.task, graphdef, self._tx, config),
                               donate_argnums=(0, 1, 2), **placement)
-        self._eval = jax.jit(_eval_fn(self.task, eval_graphdef, config))
+        self._eval = jax.jit(_eval_fn(self.task.loss, eval_graphdef, config))
+        self._accuracy = (jax.jit(_eval_fn(self.task.accuracy, eval_graphdef, config))
+                          if self.task.accuracy else None)
 
     def _place(self, tree):
         return _copy(tree) if self.mesh is None else sharding.place(tree, self.mesh)
@@ -139,6 +141,12 @@ class TrainStep:
 
     def evaluate(self, batch: dict) -> float:
         return float(self._run(self._eval, self._params, self._rest, self._batch(batch, 0)))
+
+    def accuracy(self, batch: dict) -> float:
+        """The task's accuracy on ``batch`` in eval mode (a ValueError if it has none)."""
+        if self._accuracy is None:
+            raise ValueError(f"the {self.family} task reports no accuracy")
+        return float(self._run(self._accuracy, self._params, self._rest, self._batch(batch, 0)))
 
     def state_dict(self) -> dict:
         """Everything a checkpoint needs: parameters, optimizer state, RNG state, step."""
@@ -202,10 +210,11 @@ def _train_fn(task, graphdef, tx, config: TrainConfig):
     return train
 
 
-def _eval_fn(task, graphdef, config: TrainConfig):
-    batch_loss = getattr(losses, task.loss)
+def _eval_fn(name: str, graphdef, config: TrainConfig):
+    """The function ``name`` of ``training.losses`` (a loss or an accuracy) in eval mode."""
+    metric = getattr(losses, name)
 
     def evaluate(params, rest, batch):
-        return batch_loss(nnx.merge(graphdef, params, rest), batch, config)
+        return metric(nnx.merge(graphdef, params, rest), batch, config)
 
     return evaluate

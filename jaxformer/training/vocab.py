@@ -27,7 +27,12 @@ def load_tokenizer(path):
 
     if not Path(path).is_file():
         raise DataError(f"tokenizer file {path} does not exist")
-    return Tokenizer.from_file(str(path))
+    tokenizer = Tokenizer.from_file(str(path))
+    # A Hugging Face tokenizer.json may pad or cut every text to a fixed length (all-MiniLM-L6-v2
+    # pads to 128); the tasks pad and cut to --seq-len themselves.
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
 
 
 def char_tokenizer(text: str):

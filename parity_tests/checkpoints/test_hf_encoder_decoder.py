@@ -426,4 +426,6 @@ def test_generate_command_bad_directories(saved, tmp_path, capsys):
     word_tokenizer(directory / "tokenizer.json", 40)
     assert cli.main(["generate", "--model", str(directory), "--prompt", "w3"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("jaxformer generate: error: ") and "40" in err and "29" in err, err
+    assert err.startswith("jaxformer generate: error: ")
+    assert "40" in err
+    assert "29" in err

@@ -226,7 +226,8 @@ def test_help_explains_every_flag(capsys):
     flags = ["--family", "--preset", "--data", "--steps", "--batch-size", "--seq-len", "--lr",
              "--warmup", "--schedule", "--weight-decay", "--clip", "--dropout", "--seed",
              "--eval-every", "--framework", "--checkpoint-dir", "--checkpoint-every", "--resume",
-             "--metrics", "--tokenizer", "--accumulation-steps", "--label-smoothing", "--keep"]
+             "--metrics", "--tokenizer", "--accumulation-steps", "--label-smoothing", "--keep",
+             "--init-from"]
     for flag in flags:
         assert re.search(rf"^\s+{flag}\b.*\n?.*\w", text, re.M), flag
     for family in ("gpt", "bert", "transformer", "classifier"):

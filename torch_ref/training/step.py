@@ -99,14 +99,24 @@ class TrainStep:
         self.step += 1
         return {"loss": float(total), "grad_norm": float(norm), "learning_rate": lr}
 
-    @torch.no_grad()
     def evaluate(self, batch: dict) -> float:
+        return self._metric(self.task.loss, batch)
+
+    def accuracy(self, batch: dict) -> float:
+        """The task's accuracy on ``batch`` in eval mode (a ValueError if it has none)."""
+        if self.task.accuracy is None:
+            raise ValueError(f"the {self.family} task reports no accuracy")
+        return self._metric(self.task.accuracy, batch)
+
+    @torch.no_grad()
+    def _metric(self, name: str, batch: dict) -> float:
+        """The function ``name`` of ``training.losses`` on ``batch``, in eval mode."""
         self.task.check_batch(batch, self.model_config)
         device = next(self.model.parameters()).device
         self.model.eval()
         try:
             with _autocast(self.model_config, device):
-                return float(getattr(losses, self.task.loss)(
+                return float(getattr(losses, name)(
                     self.model, _to_tensors(batch, device), self.config))
         finally:
             self.model.train()

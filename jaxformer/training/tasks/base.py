@@ -31,6 +31,8 @@ class Task:
     loss: str  # (model, batch, config) -> loss, a function of each framework's training.losses
     batch_keys: tuple[str, ...]  # what every batch of this task holds
     needed_specials: tuple[str, ...]  # the special tokens the batches use
+    # (model, batch, config) -> the fraction classified right, reported at evaluations; or None
+    accuracy: str | None = None
     # config fields sized to the tokenizer; the first is the vocabulary the model predicts
     vocab_fields: tuple[str, ...] = ("vocab_size",)
     pad_fields: tuple[str, ...] = ("pad_token_id",)  # config fields set to the [PAD] id
@@ -61,7 +63,16 @@ class Task:
         if name not in self.preset_names():
             raise ValueError(f"family {self.name!r} has no preset {preset!r}; choose one of "
                              f"{self.preset_names()}")
-        config = getattr(self.config_class, name)()
+        return self.configure(getattr(self.config_class, name)(), vocab_size=vocab_size,
+                              pad_id=pad_id, num_labels=num_labels, dropout=dropout, dtype=dtype,
+                              param_dtype=param_dtype, scan_layers=scan_layers, remat=remat)
+
+    def configure(self, config, *, vocab_size: int | None = None, pad_id: int | None = None,
+                  num_labels: int | None = None, dropout: float | None = None,
+                  dtype: str | None = None, param_dtype: str | None = None,
+                  scan_layers: bool | None = None, remat: str | None = None):
+        """``config`` (a preset's, or a checkpoint's for ``--init-from``) with the changes
+        :meth:`model_config` describes."""
         changes: dict[str, Any] = {}
         if dropout is not None:
             changes.update(dropout_rate=dropout, attention_dropout_rate=dropout)

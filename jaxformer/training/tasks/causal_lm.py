@@ -16,6 +16,8 @@ from jaxformer.training.data import Dataset, RandomWindows, check_labels
 from jaxformer.training.tasks.base import Task
 from jaxformer.training.vocab import DataError, encode_chars, is_char_tokenizer
 
+END_OF_TEXT = "<|endoftext|>"  # GPT-2's one special token: its documents' separator
+
 
 @dataclass(frozen=True)
 class CausalLM(Task):
@@ -28,9 +30,14 @@ class CausalLM(Task):
     ``seq_len``, ``labels`` the last ``seq_len``."""
 
     def special_ids(self, tokenizer) -> dict[str, int]:
-        """None with a character tokenizer (its stream is the raw text, with no ``[SEP]``)."""
+        """None with a character tokenizer (its stream is the raw text, with no ``[SEP]``). A
+        tokenizer without ``[SEP]`` but with GPT-2's ``<|endoftext|>`` (a Hugging Face GPT-2
+        directory, ``--init-from``) ends each line with that token instead."""
         if is_char_tokenizer(tokenizer):
             return {}
+        end = tokenizer.token_to_id(END_OF_TEXT)
+        if tokenizer.token_to_id("[SEP]") is None and end is not None:
+            return {"[SEP]": end}
         return super().special_ids(tokenizer)
 
     def make_datasets(self, text, tokenizer, config, specials, eval_fraction):

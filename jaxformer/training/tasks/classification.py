@@ -59,6 +59,7 @@ class Classification(Task):
 CLASSIFICATION = Classification(
     name="classifier", config_class=BertConfig, model_module="models.bert",
     model="BertForSequenceClassification", loss="classification_batch_loss",
+    accuracy="classification_batch_accuracy",
     batch_keys=("input_ids", "token_type_ids", "attention_mask", "labels"),
     needed_specials=("[PAD]", "[CLS]", "[SEP]"), flops_model="BertForSequenceClassification",
     hf_export=True)
