@@ -302,6 +302,8 @@ def _evaluation(options: RunOptions) -> dict:
 def _tokenizer_phase(options: RunOptions, run_dir: Path) -> str:
     if options.resume:
         return f"the run's {run_dir / 'tokenizer.json'}"
+    if options.init_from:
+        return f"the checkpoint's, from {options.init_from}"
     kind = options.tokenizer or "wordpiece"
     if kind in ("char", "bpe", "wordpiece"):
         return f"{kind}, built from {options.data}"
