@@ -28,10 +28,11 @@ def _names(names: tuple) -> dict:
 
 @jax.custom_vjp
 def _matmul_cpu(x, kernel):
-    """``x @ kernel`` (``(..., I) @ (I, O)``) whose kernel gradient ``X^T dY`` is computed with
-    ``X^T`` materialised first: XLA:CPU runs the product contracting over the rows of both
-    operands on a slow generic kernel, the copied layout on its fast one (docs/performance.md).
-    The same products and sums; only the memory layout of one operand changes."""
+    """``x @ kernel`` (``(..., I) @ (I, O)``) whose kernel gradient ``X^T dY`` is computed, when
+    the layer widens (``I <= O``), with ``X^T`` copied first: XLA:CPU runs that product,
+    contracting over the rows of both operands, on a slow generic kernel, the copied layout on
+    its fast one (docs/performance.md). The same products and sums; only the memory layout of
+    one operand changes."""
     return x @ kernel
 
 
@@ -41,9 +42,11 @@ def _matmul_cpu_fwd(x, kernel):
 
 def _matmul_cpu_bwd(saved, dy):
     x, kernel = saved
-    rows = x.reshape(-1, x.shape[-1])
-    # The barrier keeps XLA from folding the transpose back into the product's dimensions.
-    d_kernel = jax.lax.optimization_barrier(rows.T) @ dy.reshape(-1, dy.shape[-1])
+    rows, d_rows = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    if rows.shape[1] <= d_rows.shape[1]:  # I <= O: X^T copied first (the barrier keeps XLA
+        d_kernel = jax.lax.optimization_barrier(rows.T) @ d_rows  # from folding it back)
+    else:  # I > O: XLA's own product was as fast as any copy (measured, docs/performance.md)
+        d_kernel = jax.lax.dot_general(rows, d_rows, (((0,), (0,)), ((), ())))
     return (dy @ kernel.T).astype(x.dtype), d_kernel.astype(kernel.dtype)
 
 
