@@ -56,6 +56,8 @@ JAX_ONLY = {
     "parity/": "the main job builds both twins and compares them: the judge, not a twin",
     "cli.py": "the `jaxformer` command",
     "frameworks.py": "the registry from a framework name to its package: it names the twins",
+    "runtime.py": "process settings of the JAX runtime (allocator, compilation cache, the CPU "
+                  "gradient switch): torch has nothing to compile",
     "outputs.py": "what a command may write (framework-free rules of the commands, no model)",
     "embed.py": "an application of the JAX BERT (sentence embeddings), not a building block",
     "models/flops.py": "FLOP and parameter counts from a config (standard library), for both",

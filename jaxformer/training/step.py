@@ -178,11 +178,11 @@ class TrainStep:
 
     def load_state_dict(self, state: dict) -> None:
         leaves = [jax.tree.leaves(state[k]) for k in ("params", "opt_state", "rest")]
-        for key, got, treedef in zip(("params", "opt_state", "rest"), leaves, self._treedefs,
-                                     strict=True):
-            if len(got) != treedef.num_leaves:
+        for key, got, mine in zip(("params", "opt_state", "rest"), leaves, self._leaves,
+                                  strict=True):
+            if len(got) != len(mine):
                 raise ValueError(f"the restored {key} has {len(got)} arrays, this model's "
-                                 f"training state {treedef.num_leaves}")
+                                 f"training state {len(mine)}")
         self._leaves = leaves
         self.step = int(state["step"])
 
