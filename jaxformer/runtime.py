@@ -86,7 +86,7 @@ def compilation_cache_dir() -> Path | None:
 def enable_compilation_cache() -> Path | None:
     """Turn on XLA's persistent compilation cache (see the module docstring) unless it is
     turned off or the user already configured one; returns the directory in use."""
-X
+    current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
     if current:
         return Path(current)
     directory = compilation_cache_dir()
