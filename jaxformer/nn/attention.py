@@ -81,14 +81,6 @@ def attention(q, k, v, mask=None, dropout: nnx.Dropout | None = None,
     return IMPLEMENTATIONS[implementation](q, k, v, mask, active)
 
 
-def _module_implementation(implementation: str) -> str:
-    """What a model's ``"auto"`` attention runs: on the CPU backend the explicit path (measured
-    faster there in training, docs/performance.md), elsewhere :func:`attention`'s choice."""
-    if implementation == "auto" and jax.default_backend() == "cpu":
-        return "einsum"
-    return implementation
-
-
 def _active(dropout: nnx.Dropout | None) -> nnx.Dropout | None:
     """The dropout module when it would drop something, else None."""
     return dropout if dropout is not None and not dropout.deterministic and dropout.rate > 0 \
@@ -152,8 +144,7 @@ class MultiHeadAttention(nnx.Module):
             S = context.shape[1]
             k = self.key(context).reshape(B, S, self.num_heads, self.head_dim)
             v = self.value(context).reshape(B, S, self.num_heads, self.head_dim)
-            y = attention(q, k, v, mask, self.attention_dropout, _module_implementation(
-                self.implementation))
+            y = attention(q, k, v, mask, self.attention_dropout, self.implementation)
             return self.output(y.reshape(B, T, C))  # y: (B, T, nh, hs)
         if context is not None:
             raise ValueError("attention with a cache takes no context: cross-attention reads "
