@@ -3,11 +3,11 @@
 of ``bench_train.py`` (nothing is timed here).
 
 Every case of every file given is one point per framework: jaxformer's default step and torch_ref
-eager (the medians of the file's interleaved rounds). Left: median step time against the model's
-parameter count (``jaxformer.models.flops.parameter_count``), the cases at their own shapes
-(labelled). Right: milliseconds per token against the batch size, one line per model and
-framework, for the models measured at several batch sizes. Writes a PNG and a JSON of the
-points.
+eager (the medians of the file's interleaved rounds). Left: median step time against the
+model's parameter count (``jaxformer.models.flops.parameter_count``), per model the case
+nearest 512 tokens per step, at its own shape (labelled). Right: milliseconds per token against
+the batch size, one line per model and framework, for the models measured at several batch
+sizes. Writes a PNG and a JSON of the points.
 
     python benchmarks/plot_scaling.py results/train_cpu-...issue24-*.json \\
         --out results/train-scaling_cpu-amd-epyc-1c_float32_2026-11-25.png
@@ -59,11 +59,11 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     fig, (size_ax, batch_ax) = plt.subplots(1, 2, figsize=(12, 5))
     for name, (color, style) in FRAMEWORKS.items():
         mine = [r for r in rows if r["framework"] == name]
-        # model size: one point per model, at its largest measured batch
+        # model size: one point per model, the case nearest 512 tokens per step (4 x 128)
         best = {}
-        for r in mine:
-            if r["model"] not in best or r["batch"] > best[r["model"]]["batch"]:
-                best[r["model"]] = r
+        for r in sorted(mine, key=lambda r: (abs(r["batch"] * r["seq"] - 512),
+                                             -r["batch"] * r["seq"])):
+            best.setdefault(r["model"], r)
         by_size = sorted(best.values(), key=lambda r: r["parameters"])
         size_ax.plot([r["parameters"] / 1e6 for r in by_size],
                      [r["median_s"] * 1e3 for r in by_size], style, color=color, label=name)
