@@ -140,6 +140,11 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
             "trains sharded over a device mesh (jaxformer.sharding); the torch twin is the "
             "one-device reference the sharded losses are held to",
         (JAX, "TrainStep.mesh (attribute)"): "the mesh given, or None for one device",
+        (JAX, "TrainStep._params (attribute)"):
+            "the parameter tree, rebuilt from the leaf lists the compiled update takes (torch "
+            "keeps its state in the module and optimizer)",
+        (JAX, "TrainStep._opt_state (attribute)"): "the optimizer-state tree, the same way",
+        (JAX, "TrainStep._rest (attribute)"): "the RNG-state tree, the same way",
     },
 }
 
