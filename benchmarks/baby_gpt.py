@@ -62,7 +62,8 @@ def train_one(framework: str, config, args, train: Path, val: Path, runs: Path) 
     options = loop.RunOptions(
         family="gpt", data=str(train), val_data=str(val), preset="baby", framework=framework,
         tokenizer="char", checkpoint_dir=str(runs / framework), eval_every=args.eval_every,
-        eval_batches=args.eval_iters, progress="plain", log_every=args.log_every)
+        eval_batches=args.eval_iters, progress="plain", log_every=args.log_every,
+        checkpoint_every=args.eval_every)  # nanoGPT saves at its evaluations
     load_before = harness.loadavg()
     with harness.ForeignLoad() as foreign:
         began = time.perf_counter()
@@ -75,7 +76,12 @@ def train_one(framework: str, config, args, train: Path, val: Path, runs: Path) 
             "val_loss": [{"step": s, "loss": v} for s, v in evals],
             "train_loss": [r["loss"] for r in records],
             "step_seconds_median": sorted(r["seconds"] for r in records)[len(records) // 2],
-            "first_step_s": records[0]["seconds"], "run_dir": str(result.run_dir)}
+            "first_step_s": records[0]["seconds"],
+            # where the wall time goes: the steps (the first one compiles in JAX), the rest
+            # (data and model set-up, evaluations, checkpoints, metrics)
+            "steps_s": sum(r["seconds"] for r in records),
+            "outside_steps_s": wall - sum(r["seconds"] for r in records),
+            "run_dir": str(result.run_dir)}
 
 
 def greedy_text(framework: str, config, run_dir: Path, prompt: str, length: int) -> str:
@@ -160,6 +166,10 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt", default="\n", help="greedy sample prompt (a newline)")
     parser.add_argument("--sample-chars", type=int, default=300)
     parser.add_argument("--log-every", type=int, default=50, help="progress line period")
+    parser.add_argument("--no-compilation-cache", dest="compilation_cache",
+                        action="store_false",
+                        help="compile from scratch (default: jaxformer.runtime's persistent "
+                             "cache, as `jaxformer train` uses it; JAXFORMER_COMPILATION_CACHE)")
     parser.add_argument("--runs-dir", help="keep the run directories here (default: a temporary "
                                            "directory, removed)")
     args = parser.parse_args(argv)
@@ -169,6 +179,11 @@ def main(argv=None) -> int:
     if args.device != "cpu" or args.dtype != "float32":
         parser.error("the recipe runs on the CPU in float32 (nanoGPT's CPU figure)")
     bench = harness.start(args, "baby_gpt", title="nanoGPT's baby GPT, char Shakespeare")
+    from jaxformer import runtime
+
+    # as `jaxformer train` does: a second run skips compiling
+    cache = runtime.enable_compilation_cache() if args.compilation_cache else None
+    cache_entries = len(list(cache.glob("*"))) if cache and cache.is_dir() else 0
     train, val = corpus_files(Path(args.data_dir).expanduser())
     config = recipe(args)
     report = {"benchmark": "baby_gpt", "command": bench.report["command"],
@@ -176,7 +191,10 @@ def main(argv=None) -> int:
               "data": {"train": str(train), "val": str(val),
                        "train_characters": len(train.read_text()),
                        "val_characters": len(val.read_text())},
-              "nanogpt_readme_val_loss": NANOGPT_VAL_LOSS, "prompt": args.prompt, "runs": {}}
+              "nanogpt_readme_val_loss": NANOGPT_VAL_LOSS, "prompt": args.prompt,
+              "compilation_cache": {"directory": str(cache) if cache else None,
+                                    "entries_before": cache_entries},
+              "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(args.runs_dir) if args.runs_dir else Path(tmp)
         for framework in frameworks:
@@ -198,11 +216,12 @@ def main(argv=None) -> int:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".baby_gpt.json.tmp-{os.getpid()}"
+    stem = "baby_gpt" + (f"_{args.tag}" if args.tag else "")  # --tag: baby_gpt_<tag>.json
+    tmp = out / f".{stem}.json.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(report, indent=1) + "\n")
-    os.replace(tmp, out / "baby_gpt.json")
-    plot(report, out / "baby_gpt.png")
-    print(f"wrote {out / 'baby_gpt.json'} and {out / 'baby_gpt.png'}")
+    os.replace(tmp, out / f"{stem}.json")
+    plot(report, out / f"{stem}.png")
+    print(f"wrote {out / (stem + '.json')} and {out / (stem + '.png')}")
     return 0
 
 

@@ -49,7 +49,9 @@ On a shared machine time one thread in process CPU time (``taskset -c 1 ... --th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import sys
 import time
 
@@ -58,6 +60,12 @@ import harness
 WORKLOADS = {
     "gpt2": dict(family="gpt", preset="gpt2", label="GPT-2 small, causal LM", batch=4, seq=256),
     "bert": dict(family="bert", preset="base", label="BERT-base, MLM + NSP", batch=8, seq=128),
+    # issue 24's targets: the two small models users train on a CPU, and BERT-base at 4 x 128
+    "gpt2-6l": dict(family="gpt", preset="gpt2", label="GPT-2 6 layers, causal LM", batch=4,
+                    seq=128, fields=dict(num_layers=6)),
+    "baby": dict(family="gpt", preset="baby", label="baby GPT (nanoGPT), causal LM", batch=12,
+                 seq=64),
+    "bert4": dict(family="bert", preset="base", label="BERT-base, MLM + NSP", batch=4, seq=128),
 }
 QUICK = dict(preset="tiny", batch=4, seq=32)  # --quick: the same code on tiny configs
 
@@ -70,6 +78,8 @@ VARIANTS = {
     "remat-full": dict(remat="full"),
     "remat-dots": dict(remat="dots_saveable"),
     "precision-default": dict(precision="default"),
+    # runtime switches (jaxformer.runtime), set around each of the variant's calls
+    "xla-weight-grads": dict(env={"JAXFORMER_CPU_WEIGHT_GRADIENTS": "0"}),
 }
 # One step from the same weights: the tolerance table's 1e-5 (docs/design.md) in float32; in
 # bfloat16 (torch_ref under autocast) the JAX-vs-autocast loss bound of
@@ -127,14 +137,34 @@ def make_batch(family: str, cfg, tc, seed: int) -> tuple[dict, int | None]:
 def compile_jax(trainer, batch) -> tuple[float, dict]:
     """``lower`` + ``compile`` of the step's jitted update (its executable is cached, so the
     first call only traces): seconds, and XLA's cost analysis of the compiled program."""
-    import numpy as np
     t0 = time.perf_counter()
-    compiled = trainer._train.lower(trainer._params, trainer._opt_state, trainer._rest, batch,
-                                    np.int32(trainer.step)).compile()
+    compiled = trainer._lower(batch).compile()
     seconds = time.perf_counter() - t0
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
     return seconds, {k: float(cost[k]) for k in ("flops", "bytes accessed") if k in cost}
+
+
+@contextlib.contextmanager
+def switches(variant: dict | None):
+    """A variant's matmul precision and environment variables (``jaxformer.runtime``'s switches,
+    read at trace time), set for the duration of one of its calls."""
+    import jax
+    variant = variant or {}
+    saved = {k: os.environ.get(k) for k in variant.get("env", {})}
+    os.environ.update(variant.get("env", {}))
+    try:
+        if "precision" in variant:
+            with jax.default_matmul_precision(variant["precision"]):
+                yield
+        else:
+            yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def bench_workload(name, args, bench):
@@ -151,7 +181,8 @@ def bench_workload(name, args, bench):
     spec = {**WORKLOADS[name], **(QUICK if args.quick else {})}
     family, B, T = spec["family"], args.batch or spec["batch"], args.seq or spec["seq"]
     cls = jconfig.BertConfig if family == "bert" else jconfig.GPTConfig
-    cfg = dataclasses.replace(getattr(cls, spec["preset"])(), dropout_rate=0.0,
+    cfg = dataclasses.replace(getattr(cls, spec["preset"])(), **spec.get("fields", {}),
+                              dropout_rate=0.0,
                               attention_dropout_rate=0.0,
                               attention_implementation=args.attention_implementation,
                               dtype=args.dtype)
@@ -171,11 +202,12 @@ def bench_workload(name, args, bench):
     for v in args.jax_variants:
         # The base step's weights, through the torch layout: a scanned stack initialises its
         # stacked parameters from other random draws than the unrolled one.
-        fields = {k: x for k, x in VARIANTS[v].items() if k != "precision"}
+        fields = {k: x for k, x in VARIANTS[v].items() if k not in ("precision", "env")}
         variant = jax_step.build_model(family, dataclasses.replace(cfg, **fields), tc.seed)
         convert.torch_to_nnx(convert.nnx_to_torch(jax_steps["jaxformer"][0].model), variant)
         jax_steps[f"jaxformer {v}"] = (jax_step.TrainStep(family, variant, tc),
-                                       VARIANTS[v].get("precision"))
+                                       {k: x for k, x in VARIANTS[v].items()
+                                        if k in ("precision", "env")} or None)
     trainers = {k: t for k, (t, _) in jax_steps.items()}
     if not args.jax_only:
         trainers["torch_ref eager"] = build("torch")
@@ -188,11 +220,8 @@ def bench_workload(name, args, bench):
         trainer, precision = jax_steps.get(key, (trainers[key], None))
 
         def run():
-            if precision is None:
+            with switches(precision):
                 out = trainer(batch)
-            else:
-                with jax.default_matmul_precision(precision):
-                    out = trainer(batch)
             losses[key].append(out["loss"])
             print(f"  {name} {key}: step {len(losses[key])}, loss {out['loss']:.6f}", flush=True)
             return out
@@ -201,11 +230,8 @@ def bench_workload(name, args, bench):
     fns = {key: call(key) for key in trainers}
     for key, (trainer, precision) in jax_steps.items():
         print(f"{name}: compiling {key}", flush=True)
-        if precision is None:
+        with switches(precision):
             compile_s[key], xla_cost[key] = compile_jax(trainer, batch)
-        else:
-            with jax.default_matmul_precision(precision):
-                compile_s[key], xla_cost[key] = compile_jax(trainer, batch)
     for key, fn in fns.items():  # the first step of each: the equal-work check
         print(f"{name}: first step of {key}", flush=True)
         t0 = time.perf_counter()
@@ -266,7 +292,8 @@ def bench_workload(name, args, bench):
     notes["max rel. loss diff (step 1; all steps)"] = (f"{max(diffs.values()):.1e}; "
                                                       f"{drift:.1e} over {steps.pop()}")
     case.update(model=name, family=family, label=spec["label"] if not args.quick else
-                f"{name} ({spec['preset']})", config=f"{cls.__name__}.{spec['preset']}()",
+                f"{name} ({spec['preset']})",
+                config=f"{cls.__name__}.{spec['preset']}() {spec.get('fields', '')}".strip(),
                 batch=B, seq=T, shape=f"{B} x {T}", mlm_head_positions=head_positions,
                 train_config=tc.to_dict(), model_config=dataclasses.asdict(cfg),
                 jax_variants=args.jax_variants,

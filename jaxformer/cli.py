@@ -226,6 +226,10 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for `train`'s resume command
+    if args.command in ("train", "generate", "embed"):  # compiled programs kept between runs
+        from jaxformer import runtime
+
+        runtime.enable_compilation_cache()
     try:
         return args.func(args)
     except (errors.UserError, OSError, KeyboardInterrupt) as error:

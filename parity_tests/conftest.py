@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+# `jaxformer train/generate/embed` keep compiled programs under ~/.cache (jaxformer.runtime); the
+# suite's commands never write there (a test that wants the cache sets its own directory).
+os.environ.setdefault("JAXFORMER_COMPILATION_CACHE", "0")
 
 import jax
 import numpy as np

@@ -56,6 +56,8 @@ JAX_ONLY = {
     "parity/": "the main job builds both twins and compares them: the judge, not a twin",
     "cli.py": "the `jaxformer` command",
     "frameworks.py": "the registry from a framework name to its package: it names the twins",
+    "runtime.py": "process settings of the JAX runtime (allocator, compilation cache, the CPU "
+                  "gradient switch): torch has nothing to compile",
     "outputs.py": "what a command may write (framework-free rules of the commands, no model)",
     "loading.py": "one loader of runs and Hugging Face directories (files, checkpoints, "
                   "conversion through numpy); it reaches the torch side through frameworks",
@@ -153,6 +155,11 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
             "trains sharded over a device mesh (jaxformer.sharding); the torch twin is the "
             "one-device reference the sharded losses are held to",
         (JAX, "TrainStep.mesh (attribute)"): "the mesh given, or None for one device",
+        (JAX, "TrainStep._params (attribute)"):
+            "the parameter tree, rebuilt from the leaf lists the compiled update takes (torch "
+            "keeps its state in the module and optimizer)",
+        (JAX, "TrainStep._opt_state (attribute)"): "the optimizer-state tree, the same way",
+        (JAX, "TrainStep._rest (attribute)"): "the RNG-state tree, the same way",
     },
 }
 

@@ -12,6 +12,8 @@ import jax
 from flax import nnx
 from jax.experimental import checkify
 
+from jaxformer import runtime
+
 
 class Jitted:
     """``Jitted(model)(*args)`` equals ``model(*args)``, compiled once per input shape.
@@ -38,6 +40,7 @@ class Jitted:
         if method is not None and fn is not None:
             raise ValueError("give method or fn, not both")
         self.model = model
+        runtime.tune_allocator()  # CPU backend: keep XLA's freed scratch memory (glibc)
         # Two filters give exactly (graphdef, params, rest); flax types the tail as variadic.
         graphdef, params, *others = nnx.split(model, nnx.Param, ...)
         (rest,) = others

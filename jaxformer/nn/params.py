@@ -6,9 +6,11 @@ names. Twin: ``torch_ref/nn/params.py``.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer import runtime
 from jaxformer.sharding import constrain
 
 
@@ -24,12 +26,59 @@ def _names(names: tuple) -> dict:
     return {"out_sharding": tuple(names), "eager_sharding": False}
 
 
+@jax.custom_vjp
+def _matmul_cpu(x, kernel):
+    """``x @ kernel`` (``(..., I) @ (I, O)``) whose kernel gradient ``X^T dY`` is computed, when
+    the layer widens (``I <= O``), with ``X^T`` copied first: XLA:CPU runs that product,
+    contracting over the rows of both operands, on a slow generic kernel, the copied layout on
+    its fast one (docs/performance.md). The same products and sums; only the memory layout of
+    one operand changes."""
+    return x @ kernel
+
+
+def _matmul_cpu_fwd(x, kernel):
+    return x @ kernel, (x, kernel)
+
+
+def _matmul_cpu_bwd(saved, dy):
+    x, kernel = saved
+    rows, d_rows = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    if rows.shape[1] <= d_rows.shape[1]:  # I <= O: X^T copied first (the barrier keeps XLA
+        d_kernel = jax.lax.optimization_barrier(rows.T) @ d_rows  # from folding it back)
+    else:  # I > O: XLA's own product was as fast as any copy (measured, docs/performance.md)
+        d_kernel = jax.lax.dot_general(rows, d_rows, (((0,), (0,)), ((), ())))
+    return (dy @ kernel.T).astype(x.dtype), d_kernel.astype(kernel.dtype)
+
+
+_matmul_cpu.defvjp(_matmul_cpu_fwd, _matmul_cpu_bwd)
+
+
+class _Linear(nnx.Linear):
+    """``nnx.Linear`` (the same parameters, paths and forward) whose weight gradient takes
+    XLA:CPU's fast matmul layout when ``runtime.cpu_weight_gradients()`` says so at trace
+    time: on the CPU backend, without a device mesh."""
+
+    def __call__(self, inputs, out_sharding=None):
+        plain = (out_sharding is not None or self.preferred_element_type is not None
+                 or self.precision is not None or not runtime.cpu_weight_gradients())
+        if plain:
+            return super().__call__(inputs, out_sharding=out_sharding)
+        kernel = self.kernel[...]
+        bias = self.bias[...] if self.bias is not None else None
+        inputs, kernel, bias = self.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
+        y = _matmul_cpu(inputs, kernel)
+        if bias is not None:
+            y += jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
+        return y
+
+
 def linear(in_features: int, out_features: int, config, *, names: tuple[str, str],
            rngs: nnx.Rngs, use_bias: bool = True) -> nnx.Linear:
-    """``names`` = the kernel's ``(input axis, output axis)``; the bias takes the output's."""
+    """``names`` = the kernel's ``(input axis, output axis)``; the bias takes the output's.
+    An ``nnx.Linear`` (see ``_Linear`` for its gradient on CPU)."""
     if len(names) != 2:
         raise ValueError(f"a linear kernel has 2 axes, got names {names!r}")
-    return nnx.Linear(in_features, out_features, use_bias=use_bias, dtype=jnp.dtype(config.dtype),
+    return _Linear(in_features, out_features, use_bias=use_bias, dtype=jnp.dtype(config.dtype),
                       param_dtype=jnp.dtype(config.param_dtype),
                       kernel_init=nnx.initializers.normal(config.initializer_range),
                       kernel_metadata=_names(names), bias_metadata=_names(names[1:]), rngs=rngs)

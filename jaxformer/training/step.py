@@ -17,7 +17,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxformer import sharding
+from jaxformer import runtime, sharding
 from jaxformer.training import losses, tasks
 from jaxformer.training.config import TrainConfig
 from jaxformer.training.optim import clip_by_global_norm, learning_rate, make_optimizer
@@ -91,6 +91,7 @@ class TrainStep:
     def __init__(self, family: str, model: _TrainableModel, config: TrainConfig,
                  mesh: jax.sharding.Mesh | None = None):
         self.family, self.config, self.model, self.mesh = family, config, model, mesh
+        runtime.tune_allocator()  # CPU backend: keep XLA's freed scratch memory (glibc)
         self.task = tasks.get(family)
         if mesh is not None:
             sharding.check_batch_size(config.micro_batch_size, mesh)
@@ -102,19 +103,50 @@ class TrainStep:
         graphdef, params, *others = nnx.split(model, nnx.Param, ...)
         (rest,) = others
         # Own copies: the donated buffers must not be the ones the module still holds.
-        self._params, self._rest = self._place(params), self._place(rest)
-        self._tx = make_optimizer(config, self._params)
-        self._opt_state = self._place(self._tx.init(self._params))
+        params, rest = self._place(params), self._place(rest)
+        self._tx = make_optimizer(config, params)
+        opt_state = self._place(self._tx.init(params))
+        # The compiled functions take and return the states' leaves (flat lists of arrays), the
+        # trees being rebuilt inside the trace: unflattening the nnx Variables of every output
+        # in Python cost milliseconds per call (10% of a small model's step on a CPU).
+        self._treedefs = tuple(jax.tree.structure(t) for t in (params, opt_state, rest))
+        self._leaves = [jax.tree.leaves(t) for t in (params, opt_state, rest)]
         self.step = 0
         placement: dict[str, Any] = {}
         if mesh is not None:  # every output stays where its input was
-            placement["out_shardings"] = (*(sharding.shardings(tree, mesh) for tree in (
-                self._params, self._opt_state, self._rest)), sharding.replicated(mesh))
-        self._train = jax.jit(_train_fn(self.task, graphdef, self._tx, config),
+            placement["out_shardings"] = (*(jax.tree.leaves(sharding.shardings(tree, mesh))
+                                            for tree in (params, opt_state, rest)),
+                                          sharding.replicated(mesh))
+        self._train = jax.jit(_on_leaves(_train_fn(self.task, graphdef, self._tx, config),
+                                         self._treedefs, 3),
                               donate_argnums=(0, 1, 2), **placement)
-        self._eval = jax.jit(_eval_fn(self.task.loss, eval_graphdef, config))
-        self._accuracy = (jax.jit(_eval_fn(self.task.accuracy, eval_graphdef, config))
+        on_eval = (self._treedefs[0], self._treedefs[2])
+        self._eval = jax.jit(_on_leaves(_eval_fn(self.task.loss, eval_graphdef, config),
+                                        on_eval, 0))
+        self._accuracy = (jax.jit(_on_leaves(_eval_fn(self.task.accuracy, eval_graphdef, config),
+                                             on_eval, 0))
                           if self.task.accuracy else None)
+
+    def _tree(self, i: int):
+        return jax.tree.unflatten(self._treedefs[i], self._leaves[i])
+
+    @property
+    def _params(self):
+        return self._tree(0)
+
+    @property
+    def _opt_state(self):
+        return self._tree(1)
+
+    @property
+    def _rest(self):
+        return self._tree(2)
+
+    def _lower(self, batch: dict):
+        """``jax.jit(...).lower`` of the update for ``batch``: ``.compile()`` it for the compile
+        time or XLA's cost analysis."""
+        return self._train.lower(*self._leaves, self._batch(batch, batch_axis=1),
+                                 np.int32(self.step))
 
     def _place(self, tree):
         return _copy(tree) if self.mesh is None else sharding.place(tree, self.mesh)
@@ -134,19 +166,21 @@ class TrainStep:
 
     def __call__(self, batch: dict) -> dict[str, float]:
         batch = self._batch(batch, batch_axis=1)  # (micro-batches, batch, ...)
-        self._params, self._opt_state, self._rest, metrics = self._run(
-            self._train, self._params, self._opt_state, self._rest, batch, np.int32(self.step))
+        *leaves, metrics = self._run(self._train, *self._leaves, batch, np.int32(self.step))
+        self._leaves = leaves
         self.step += 1
-        return {key: float(value) for key, value in metrics.items()}
+        return {key: float(value) for key, value in jax.device_get(metrics).items()}
 
     def evaluate(self, batch: dict) -> float:
-        return float(self._run(self._eval, self._params, self._rest, self._batch(batch, 0)))
+        return float(self._run(self._eval, self._leaves[0], self._leaves[2],
+                               self._batch(batch, 0)))
 
     def accuracy(self, batch: dict) -> float:
         """The task's accuracy on ``batch`` in eval mode (a ValueError if it has none)."""
         if self._accuracy is None:
             raise ValueError(f"the {self.family} task reports no accuracy")
-        return float(self._run(self._accuracy, self._params, self._rest, self._batch(batch, 0)))
+        return float(self._run(self._accuracy, self._leaves[0], self._leaves[2],
+                               self._batch(batch, 0)))
 
     def state_dict(self) -> dict:
         """Everything a checkpoint needs: parameters, optimizer state, RNG state, step."""
@@ -154,8 +188,13 @@ class TrainStep:
                 "step": self._place(jnp.asarray(self.step, jnp.int32))}
 
     def load_state_dict(self, state: dict) -> None:
-        self._params, self._opt_state = state["params"], state["opt_state"]
-        self._rest = state["rest"]
+        leaves = [jax.tree.leaves(state[k]) for k in ("params", "opt_state", "rest")]
+        for key, got, mine in zip(("params", "opt_state", "rest"), leaves, self._leaves,
+                                  strict=True):
+            if len(got) != len(mine):
+                raise ValueError(f"the restored {key} has {len(got)} arrays, this model's "
+                                 f"training state {len(mine)}")
+        self._leaves = leaves
         self.step = int(state["step"])
 
     def sync(self) -> nnx.Module:
@@ -176,6 +215,23 @@ def _copy(tree):
 
 
 _device_copy = jax.jit(jnp.copy)  # a new buffer with the input's sharding, PRNG keys included
+
+
+def _on_leaves(fn, treedefs, trees_out: int):
+    """``fn`` over trees, as a function of the trees' leaf lists (the ``treedefs``' order,
+    then any other arguments as they are); its first ``trees_out`` outputs (trees of the same
+    structures) come back as leaf lists too."""
+
+    def wrapped(*args):
+        n = len(treedefs)
+        trees = [jax.tree.unflatten(d, leaves) for d, leaves in zip(treedefs, args[:n],
+                                                                    strict=True)]
+        out = fn(*trees, *args[n:])
+        if not trees_out:
+            return out
+        return (*(jax.tree.leaves(t) for t in out[:trees_out]), *out[trees_out:])
+
+    return wrapped
 
 
 def _train_fn(task, graphdef, tx, config: TrainConfig):

@@ -1,0 +1,99 @@
+"""Process-level speed settings of the JAX runtime, decided at run time (no twin: torch has
+nothing to compile and its own allocator habits). See docs/performance.md for the measurements.
+
+- :func:`cpu_weight_gradients`: whether linear layers compute their weight gradient with the
+  transpose materialised first (XLA:CPU runs ``X^T dY``, a product contracting over the rows of
+  both operands, on a generic kernel at about 2/3 of its speed on the usual layout; copying
+  ``X^T`` first costs far less than it saves). On by default on the CPU backend, off elsewhere
+  and under a device mesh; ``JAXFORMER_CPU_WEIGHT_GRADIENTS=0`` turns it off, ``=1`` forces it.
+- :func:`tune_allocator`: glibc's ``malloc`` gives every large block back to the kernel on
+  ``free`` and takes it again on the next ``malloc`` (XLA:CPU frees tens of MB of scratch per
+  call: thousands of page faults per step). ``mallopt`` makes it keep them. Done once when a
+  jaxformer training step or compiled model is built on the CPU backend (glibc only);
+  ``JAXFORMER_TUNE_MALLOC=0`` leaves the allocator alone, as do ``MALLOC_*`` variables set
+  before the process started (the user's settings win).
+- :func:`enable_compilation_cache`: XLA's persistent compilation cache, so a second run of the
+  same program skips compiling (``jaxformer train`` and the benchmarks turn it on; the library
+  never does on import). Directory: ``$JAXFORMER_COMPILATION_CACHE``, else
+  ``$XDG_CACHE_HOME/jaxformer/xla`` (``~/.cache/jaxformer/xla``); ``JAXFORMER_COMPILATION_CACHE=0``
+  (or ``off``, or empty) turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import sys
+from pathlib import Path
+
+import jax
+
+_OFF = ("0", "off", "false", "no", "")
+
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -2, -3, -8
+# Blocks up to 256 MiB come from the heap and stay there when freed; up to 1 GiB of free memory
+# at the heap top is kept rather than trimmed; two arenas (XLA's pool threads and the caller).
+ALLOCATOR_SETTINGS = {_M_MMAP_THRESHOLD: 256 << 20, _M_TRIM_THRESHOLD: 1 << 30,
+                      _M_TOP_PAD: 64 << 20, _M_ARENA_MAX: 2}
+
+
+def _env_switch(name: str) -> bool | None:
+    """True / False when the variable ``name`` says so, None when it is unset."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    return value.strip().lower() not in _OFF
+
+
+def cpu_weight_gradients() -> bool:
+    """Whether ``jaxformer.nn.params`` linear layers take the transposed weight-gradient path
+    (read at trace time: the CPU backend and no device mesh, unless the variable says)."""
+    forced = _env_switch("JAXFORMER_CPU_WEIGHT_GRADIENTS")
+    if forced is not None:
+        return forced
+    return jax.default_backend() == "cpu" and jax.sharding.get_abstract_mesh().empty
+
+
+@functools.lru_cache(maxsize=1)
+def tune_allocator() -> bool:
+    """Keep freed memory in the process (glibc ``mallopt``, see the module docstring); once per
+    process, on the CPU backend only. Returns whether the settings were applied."""
+    if _env_switch("JAXFORMER_TUNE_MALLOC") is False or not sys.platform.startswith("linux"):
+        return False
+    if any(k.startswith("MALLOC_") for k in os.environ) or jax.default_backend() != "cpu":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return all(mallopt(key, value) == 1 for key, value in ALLOCATOR_SETTINGS.items())
+
+
+def compilation_cache_dir() -> Path | None:
+    """Where :func:`enable_compilation_cache` puts compiled programs (None: turned off)."""
+    value = os.environ.get("JAXFORMER_COMPILATION_CACHE")
+    if value is not None:
+        return None if value.strip().lower() in _OFF else Path(value).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path("~/.cache").expanduser()
+    return Path(base) / "jaxformer" / "xla"
+
+
+def enable_compilation_cache() -> Path | None:
+    """Turn on XLA's persistent compilation cache (see the module docstring) unless it is
+    turned off or the user already configured one; returns the directory in use."""
+    current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
+    if current:
+        return Path(current)
+    directory = compilation_cache_dir()
+    if directory is None:
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    # Cache every program that took a noticeable time to compile, whatever its size.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return directory
