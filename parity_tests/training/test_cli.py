@@ -165,15 +165,15 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, caps
 
 
 @pytest.mark.parametrize(("flags", "content", "message"), [
-    (["--lr", "-0.001"], None, "learning_rate must be positive, got -0.001"),
-    (["--warmup", "30", "--steps", "20"], None, r"warmup_steps is longer than the run \(steps=20"),
-    (["--batch-size", "0"], None, "batch_size must be at least 1, got 0"),
-    (["--clip", "-1"], None, "clip_norm must not be negative"),
+    (["--lr", "-0.001"], None, "--lr must be positive, got -0.001"),
+    (["--warmup", "30", "--steps", "20"], None, r"--warmup is longer than the run \(steps=20"),
+    (["--batch-size", "0"], None, "--batch-size must be at least 1, got 0"),
+    (["--clip", "-1"], None, "--clip must not be negative"),
     ([], b"", "is empty"),
     ([], b"\xff\xfe\x00h\x00i", "is not UTF-8 text: byte 0xff at offset 0"),
     ([], b"too short\n", r"fewer than one window of seq_len=64"),
     (["--preset", "huge"], None, "family 'gpt' has no preset 'huge'"),
-    (["--seq-len", "100"], None, r"seq_len \(100\) exceeds the tiny preset's "
+    (["--seq-len", "100"], None, r"--seq-len \(100\) exceeds the tiny preset's "
                                  r"max_position_embeddings \(64\)"),
     (["--family", "classifier"], None, "classifier data needs LABEL<TAB>TEXT lines"),
     (["--family", "transformer", "--export-hf", "out"], None,

@@ -173,9 +173,9 @@ def test_greedy_sample_is_the_same_in_both_frameworks():
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--family", "bert", "--gpt-windows", "random"], "gpt_windows 'random' is for the gpt "
+    (["--family", "bert", "--gpt-windows", "random"], "--gpt-windows 'random' is for the gpt "
                                                        "family only"),
-    (["--val-data", "VAL"], "val_data must be given only with eval_every > 0"),
+    (["--val-data", "VAL"], "--val-data must be given only with --eval-every > 0"),
     (["--val-data", "missing.txt", "--eval-every", "5"], r"data file \S*missing.txt does not "
                                                          "exist"),
     (["--tokenizer", "chars"], "--tokenizer 'chars' is neither one of char, bpe, wordpiece nor "
