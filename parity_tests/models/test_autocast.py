@@ -194,7 +194,7 @@ def test_train_dtype_flags(tmp_path, monkeypatch, capsys):
 
     prepared = []
 
-    def prepare_only(config, options):  # everything before the first step, then stop
+    def prepare_only(config, options, flags=None):  # everything before the first step
         prepared.append(loop.prepare(config, options))
         raise ValueError("stopped before training")
 
