@@ -7,13 +7,25 @@ are pinned here, before any test builds a model.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # `jaxformer train/generate/embed` keep compiled programs under ~/.cache (jaxformer.runtime); the
 # suite's commands never write there (a test that wants the cache sets its own directory).
 os.environ.setdefault("JAXFORMER_COMPILATION_CACHE", "0")
+# One XLA compilation cache for the whole run instead: both xdist workers and every `jaxformer`
+# process a test starts (they inherit the variables). Many tests build the same tiny models'
+# programs again (a new TrainStep is a new jit), and most of a test's time is compiling; a
+# cached executable is the compiled one, so no result changes. A new directory per run (the
+# run), removed when the run ends; a JAX_COMPILATION_CACHE_DIR already set wins.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # set before xdist starts its workers
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["JAXFORMER_SUITE_CACHE"] = (
+        tempfile.mkdtemp(prefix="jaxformer-suite-xla-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax
 import numpy as np
@@ -58,6 +70,14 @@ def pytest_assertion_pass(item, lineno, orig, expl):
         frame = frame.f_back
     if frame is not None and Path(frame.f_code.co_filename).is_relative_to(ROOT / "parity_tests"):
         bounds.record(*pair, what=orig, where=f"{Path(frame.f_code.co_filename).name}:{lineno}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The run's compilation cache goes with the run (in the xdist controller, or the single
+    process: not in a worker, whose siblings may still be using it)."""
+    ours = os.environ.get("JAXFORMER_SUITE_CACHE")
+    if ours and not hasattr(session.config, "workerinput"):
+        shutil.rmtree(ours, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
