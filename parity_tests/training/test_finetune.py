@@ -179,8 +179,11 @@ def test_resume_of_a_finetune_run_continues_it_exactly(bert_dir, tmp_path, capsy
 
 
 def _flags(tmp_path, data, *extra):
-    return ["--data", data, "--steps", 1, "--batch-size", 2, "--seq-len", 16,
-            "--checkpoint-dir", tmp_path / "run", "--progress", "none", *extra]
+    """One update of the sizes and the constant schedule of the resume test above: the same
+    compiled train step (the suite's compilation cache), the learning rate being no function of
+    ``--steps`` under a constant schedule."""
+    return ["--data", data, "--steps", 1, "--batch-size", 4, "--seq-len", 16, "--schedule",
+            "constant", "--checkpoint-dir", tmp_path / "run", "--progress", "none", *extra]
 
 
 @pytest.mark.parametrize(("case", "message"), [
@@ -218,9 +221,11 @@ def test_bad_init_from_is_a_one_line_error_naming_it(bert_dir, gpt_dir, tmp_path
             (path / name).write_bytes((hf_dir / name).read_bytes())
         if case == "other_tokenizer":
             vocab.wordpiece_tokenizer(["just a few words"], 20).save(str(path / "tokenizer.json"))
-    elif case == "resume_a_fresh_run":
-        assert train("--family", "classifier", *_flags(tmp_path, data)) == 0
-        extra = ["--resume"]
+    elif case == "resume_a_fresh_run":  # the torch twin (no compilation): the refusal reads
+        # the run's identity, the same for either framework
+        extra = ["--framework", "torch"]
+        assert train("--family", "classifier", *_flags(tmp_path, data), *extra) == 0
+        extra = [*extra, "--resume"]
     capsys.readouterr()
     before = sorted(p.name for p in tmp_path.rglob("*"))
     assert train("--family", "classifier", "--init-from", path, *_flags(tmp_path, data),
@@ -249,13 +254,16 @@ def test_an_agreeing_preset_is_accepted(bert_dir, tmp_path, capsys):
 def test_init_from_a_run_directory(tmp_path, capsys):
     """``--init-from`` a run (through ``jaxformer.load``): a classifier from a BERT pre-training
     run drops the MLM and NSP heads; from a classifier run with the same labels it takes every
-    tensor, with other labels it makes its classifier fresh and says why."""
+    tensor, with other labels it makes its classifier fresh and says why. The runs train the
+    torch twin (no compilation): ``--init-from`` loads a run in JAX whichever framework trained
+    it, and what is asserted (the report, run.json) is the same for either."""
     pre_data = tmp_path / "pre.txt"
     pre_data.write_text(corpus("bert"))
     labelled = write_corpus(tmp_path / "labelled.txt", lines=40, tabs=True)
     relabelled = tmp_path / "relabelled.txt"
     relabelled.write_text(corpus("classifier", 40).replace("yes\t", "cat\t").replace("no\t", "x\t"))
-    common = ["--steps", 1, "--batch-size", 2, "--seq-len", 16, "--progress", "none"]
+    common = ["--steps", 1, "--batch-size", 2, "--seq-len", 16, "--progress", "none",
+              "--framework", "torch"]
     assert train("--family", "bert", "--data", pre_data, "--checkpoint-dir", tmp_path / "pre",
                  *common) == 0
     capsys.readouterr()
