@@ -39,13 +39,11 @@ def _command(data, run_dir, framework, *extra):
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
-    """The corpus and the environment every run of this module shares: one JAX compilation
-    cache, so that only the first JAX process compiles the step."""
+    """The corpus and the environment every run of this module shares. The processes inherit
+    the suite's JAX compilation cache (conftest.py), so that only the first JAX process compiles
+    the step; ``test_kill_resume.py`` trains the same run (corpus, sizes, steps) and shares it."""
     root = tmp_path_factory.mktemp("interrupt")
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
     return write_corpus(root / "corpus.txt"), env
 
 

@@ -5,7 +5,9 @@ A checkpoint is written after every step, and a step of this tiny model takes mi
 a save takes a few hundred, so the kill (a random pause after a random step's metrics line, which
 is written just before that step's save) lands inside a save most of the time; the checkpoint it
 interrupts must then be invisible and the one before it whole. Dropout is on, so the RNG state
-must survive too. The three processes share a JAX compilation cache, so only the first compiles.
+must survive too. The processes use the suite's JAX compilation cache (conftest.py), and train
+``test_interrupt.py``'s run (its corpus, sizes and step count): the same compiled programs, so a
+run of both compiles them once.
 """
 
 from __future__ import annotations
@@ -18,13 +20,10 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-
 from jaxformer.training.checkpoint import Checkpointer
+from parity_tests.support.training import write_corpus
 
-STEPS = 10
-WORDS = ["the", "a", "cat", "dog", "bird", "sat", "ran", "over", "under", "near", "house", "tree",
-         "river", "red", "green", "big"]
+STEPS = 8  # test_interrupt.py's
 
 
 def _command(data, run_dir, *extra):
@@ -59,14 +58,8 @@ def _run_until_killed(command, env, run_dir, kill_after_step):
 
 
 def test_killed_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
-    rng = np.random.RandomState(0)
-    data = tmp_path / "corpus.txt"
-    data.write_text("\n".join(" ".join(rng.choice(WORDS, rng.randint(4, 12)))
-                              for _ in range(80)) + "\n")
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    data = write_corpus(tmp_path / "corpus.txt")  # test_interrupt.py's corpus
+    env = dict(os.environ, JAX_PLATFORMS="cpu")  # and the suite's compilation cache
     reference = tmp_path / "reference"
     subprocess.run(_command(data, reference), env=env, check=True, capture_output=True)
     expected = _losses(reference)
