@@ -237,6 +237,10 @@ def start(args, benchmark: str, *, title: str, need_torch: bool = True):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import jax
+
+    # jaxformer's allocator settings, as `jaxformer train` gets them: before JAX starts its
+    # threads and torch its pools (jaxformer.runtime, docs/performance.md)
+    import jaxformer.runtime  # noqa: F401
     try:
         import torch
     except ImportError:

@@ -7,11 +7,16 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   ``X^T`` first costs far less than it saves). On by default on the CPU backend, off elsewhere
   and under a device mesh; ``JAXFORMER_CPU_WEIGHT_GRADIENTS=0`` turns it off, ``=1`` forces it.
 - :func:`tune_allocator`: glibc's ``malloc`` gives every large block back to the kernel on
-  ``free`` and takes it again on the next ``malloc`` (XLA:CPU frees tens of MB of scratch per
-  call: thousands of page faults per step). ``mallopt`` makes it keep them. Done once when a
-  jaxformer training step or compiled model is built on the CPU backend (glibc only);
-  ``JAXFORMER_TUNE_MALLOC=0`` leaves the allocator alone, as do ``MALLOC_*`` variables set
-  before the process started (the user's settings win).
+  ``free`` and takes it again on the next ``malloc`` (XLA:CPU frees tens to hundreds of MB of
+  scratch per call: thousands of page faults per step). ``mallopt`` makes it keep them. A thread
+  arena other than the main one cannot hold a block over 64 MiB (glibc's heap size), so such
+  blocks are always mapped and unmapped again; one arena avoids that, but a thread keeps the
+  arena it first used, so the settings must come before XLA starts its threads: they are applied
+  when this module is imported if no JAX backend exists yet and the platform will be the CPU
+  (``JAX_PLATFORMS=cpu``, or no GPU/TPU plugin installed), else when a jaxformer training step or
+  compiled model is built on the CPU backend (glibc only); ``JAXFORMER_TUNE_MALLOC=0`` leaves the
+  allocator alone, as do ``MALLOC_*`` variables set before the process started (the user's
+  settings win).
 - :func:`enable_compilation_cache`: XLA's persistent compilation cache, so a second run of the
   same program skips compiling (``jaxformer train`` and the benchmarks turn it on; the library
   never does on import). Directory: ``$JAXFORMER_COMPILATION_CACHE``, else
@@ -24,7 +29,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import importlib.metadata
+import importlib.util
 import os
+import pkgutil
 import sys
 from pathlib import Path
 
@@ -34,10 +42,11 @@ _OFF = ("0", "off", "false", "no", "")
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -2, -3, -8
-# Blocks up to 256 MiB come from the heap and stay there when freed; up to 1 GiB of free memory
-# at the heap top is kept rather than trimmed; two arenas (XLA's pool threads and the caller).
-ALLOCATOR_SETTINGS = {_M_MMAP_THRESHOLD: 256 << 20, _M_TRIM_THRESHOLD: 1 << 30,
-                      _M_TOP_PAD: 64 << 20, _M_ARENA_MAX: 2}
+# Blocks up to 1 GiB come from the heap and stay there when freed (a GPT-2 step's scratch is
+# ~770 MB); up to 2 GiB of free memory at the heap top is kept rather than trimmed; one arena
+# (see the module docstring: a second arena maps every block over 64 MiB anew on each call).
+ALLOCATOR_SETTINGS = {_M_MMAP_THRESHOLD: 1 << 30, _M_TRIM_THRESHOLD: (1 << 31) - 1,
+                      _M_TOP_PAD: 64 << 20, _M_ARENA_MAX: 1}
 
 
 def _env_switch(name: str) -> bool | None:
@@ -61,9 +70,15 @@ def cpu_weight_gradients() -> bool:
 def tune_allocator() -> bool:
     """Keep freed memory in the process (glibc ``mallopt``, see the module docstring); once per
     process, on the CPU backend only. Returns whether the settings were applied."""
+    if _TUNED_AT_IMPORT:
+        return True
+    return jax.default_backend() == "cpu" and _apply_allocator_settings()
+
+
+def _apply_allocator_settings() -> bool:
     if _env_switch("JAXFORMER_TUNE_MALLOC") is False or not sys.platform.startswith("linux"):
         return False
-    if any(k.startswith("MALLOC_") for k in os.environ) or jax.default_backend() != "cpu":
+    if any(k.startswith("MALLOC_") for k in os.environ):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -72,6 +87,32 @@ def tune_allocator() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return all(mallopt(key, value) == 1 for key, value in ALLOCATOR_SETTINGS.items())
+
+
+def _cpu_before_backend() -> bool:
+    """Whether no JAX backend exists yet and the one JAX will start is the CPU's: the platforms
+    asked for (``JAX_PLATFORMS``) are only ``cpu``, or none was asked for and no GPU or TPU
+    plugin is installed (JAX would fall back to the CPU)."""
+    from jax._src import xla_bridge
+
+    if getattr(xla_bridge, "_backends", None):  # a backend (and its threads) already exists
+        return False
+    platforms = jax.config.jax_platforms  # type: ignore[attr-defined]
+    if platforms:
+        return {p.strip() for p in platforms.split(",")} == {"cpu"}
+    if importlib.metadata.entry_points(group="jax_plugins"):
+        return False
+    try:
+        import jax_plugins  # type: ignore[import-not-found]  # the plugins' namespace package
+    except ImportError:
+        pass
+    else:
+        if any(True for _ in pkgutil.iter_modules(jax_plugins.__path__)):
+            return False
+    return importlib.util.find_spec("libtpu") is None
+
+
+_TUNED_AT_IMPORT = _cpu_before_backend() and _apply_allocator_settings()
 
 
 def compilation_cache_dir() -> Path | None:

@@ -149,7 +149,15 @@ class TrainStep:
                                  np.int32(self.step))
 
     def _place(self, tree):
-        return _copy(tree) if self.mesh is None else sharding.place(tree, self.mesh)
+        """Own copies of ``tree``'s arrays where the step keeps its state: on the mesh, or
+        committed to the default device. Committed, as a restored checkpoint's arrays are: the
+        compiled update then has one signature, so a resumed run finds the program a fresh run
+        compiled (in memory and in the persistent compilation cache) instead of compiling its
+        own."""
+        if self.mesh is not None:
+            return sharding.place(tree, self.mesh)
+        device = jax.devices()[0]
+        return jax.tree.map(lambda x: jax.device_put(x, device, may_alias=False), tree)
 
     def _run(self, fn, *args):
         """``fn(*args)``, under the mesh when there is one (activation constraints read it)."""

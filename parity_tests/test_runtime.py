@@ -1,0 +1,68 @@
+"""``jaxformer.runtime``'s allocator settings and the train step's one compiled signature.
+
+- The allocator settings (docs/performance.md) only work when glibc takes them before XLA starts
+  its threads: importing ``jaxformer.runtime`` before any JAX backend exists applies them when the
+  platform will be the CPU; once a backend exists, only ``tune_allocator`` (on the CPU backend)
+  does. The user's ``MALLOC_*`` variables and ``JAXFORMER_TUNE_MALLOC=0`` win. Each case runs in a
+  fresh interpreter (the settings are per process).
+- A resumed run's state (a checkpoint's arrays, committed to their device) lowers to the same
+  program as a fresh run's, so resuming finds the compiled update in the compilation cache.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from jaxformer.config import GPTConfig
+from jaxformer.training import step
+from jaxformer.training.config import TrainConfig
+
+glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or os.confstr(
+    "CS_GNU_LIBC_VERSION") is None, reason="mallopt is glibc's")
+
+PROBE = """
+import jax
+{before}
+from jaxformer import runtime
+print(runtime._TUNED_AT_IMPORT, runtime.tune_allocator())
+"""
+
+
+def _probe(before: str = "", **env: str) -> str:
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith("MALLOC_") and k != "JAXFORMER_TUNE_MALLOC"}
+    result = subprocess.run([sys.executable, "-c", PROBE.format(before=before)],
+                            env={**clean, "JAX_PLATFORMS": "cpu", **env}, capture_output=True,
+                            text=True, timeout=120, check=True)
+    return result.stdout.split("\n")[-2]
+
+
+@glibc
+@pytest.mark.parametrize(("before", "env", "expected"), [
+    ("", {}, "True True"),  # imported first: applied before XLA's threads exist
+    ("jax.devices()", {}, "False True"),  # a backend exists: applied when a step is built
+    ("", {"JAXFORMER_TUNE_MALLOC": "0"}, "False False"),
+    ("", {"MALLOC_ARENA_MAX": "4"}, "False False"),  # the user's own settings win
+], ids=["before-the-backend", "after-the-backend", "switched-off", "user-malloc-variables"])
+def test_allocator_settings_are_applied_when_they_can_work(before, env, expected):
+    assert _probe(before, **env) == expected
+
+
+def test_a_restored_state_lowers_to_the_fresh_runs_program():
+    config = GPTConfig.tiny()
+    trainer = step.TrainStep("gpt", step.build_model("gpt", config, 0),
+                             TrainConfig(steps=4, batch_size=2, seq_len=8))
+    ids = np.random.RandomState(0).randint(0, config.vocab_size, (1, 2, 8)).astype(np.int32)
+    batch = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    fresh = trainer._lower(batch).as_text()
+    # what a checkpoint restore hands over: arrays committed to their device (a fresh step kept
+    # uncommitted ones before, and its resumed run compiled a second program)
+    restored = jax.tree.map(lambda x: jax.device_put(x, jax.devices()[0]), trainer.state_dict())
+    trainer.load_state_dict(restored)
+    assert trainer._lower(batch).as_text() == fresh
