@@ -103,7 +103,7 @@ def _cpu_before_backend() -> bool:
     if importlib.metadata.entry_points(group="jax_plugins"):
         return False
     try:
-        import jax_plugins  # type: ignore[import-not-found]  # the plugins' namespace package
+        import jax_plugins  # the plugins' namespace package
     except ImportError:
         pass
     else:
