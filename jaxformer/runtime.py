@@ -42,10 +42,12 @@ _OFF = ("0", "off", "false", "no", "")
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -2, -3, -8
-# Blocks up to 1 GiB come from the heap and stay there when freed (a GPT-2 step's scratch is
-# ~770 MB); up to 2 GiB of free memory at the heap top is kept rather than trimmed; one arena
-# (see the module docstring: a second arena maps every block over 64 MiB anew on each call).
-ALLOCATOR_SETTINGS = {_M_MMAP_THRESHOLD: 1 << 30, _M_TRIM_THRESHOLD: (1 << 31) - 1,
+# Blocks under 2 GiB (mallopt's largest value: it takes an int) come from the heap and stay there
+# when freed (the scratch of a GPT-2 small step at 4 x 128 is 1.09 GB, of 6 layers 0.77 GB); up
+# to 2 GiB of free memory at the heap top is kept rather than trimmed; one arena (see the module
+# docstring: a second arena maps every block over 64 MiB anew on each call).
+_INT_MAX = (1 << 31) - 1
+ALLOCATOR_SETTINGS = {_M_MMAP_THRESHOLD: _INT_MAX, _M_TRIM_THRESHOLD: _INT_MAX,
                       _M_TOP_PAD: 64 << 20, _M_ARENA_MAX: 1}
 
 
