@@ -25,6 +25,9 @@ STEPS = 4
 
 
 def _run(root, family, framework="jax", tokenizer=None, with_val=True, **changes):
+    """A tiny run of ``family``. Dropout 0: loading and scoring have no dropout, and its RNG
+    sites would double the train step's compilation (dropout's RNG state on resume is
+    ``test_interrupt.py``'s and ``test_kill_resume.py``'s)."""
     data = write_corpus(root / "train.txt", lines=60, tabs=family == "classifier")
     val = write_corpus(root / "val.txt", lines=30, seed=1, tabs=family == "classifier")
     config = TrainConfig(**{"steps": STEPS, "batch_size": 4, "seq_len": 16, "warmup_steps": 1,
@@ -34,7 +37,7 @@ def _run(root, family, framework="jax", tokenizer=None, with_val=True, **changes
                               framework=framework,
                               tokenizer=tokenizer, checkpoint_dir=str(root / "run"),
                               checkpoint_every=2, eval_every=2, eval_batches=2,
-                              progress="none", vocab_size=120)
+                              progress="none", vocab_size=120, dropout=0.0)
     return loop.train(config, options)
 
 
