@@ -119,10 +119,10 @@ def test_scanned_equals_unrolled(family):
     _assert_grads_close(grads_u, grads_s, GRAD_RTOL)
 
 
-def _train_gpt(remat: str, scan: bool):
+def _train_gpt(remat: str, scan: bool, num_layers: int = GPT_TINY.num_layers):
     """A GPT in train mode with dropout, weights from the same seed whatever the remat policy."""
     config = dataclasses.replace(GPT_TINY, dropout_rate=0.1, attention_dropout_rate=0.1,
-                                 remat=remat, scan_layers=scan)
+                                 remat=remat, scan_layers=scan, num_layers=num_layers)
     return jgpt.GPT(config, rngs=nnx.Rngs(params=0, dropout=1))
 
 
@@ -132,11 +132,12 @@ def test_remat_leaves_gradients_unchanged(scan, policies):
     """Every policy gives the gradients of no remat (1e-6), dropout included: the recomputed
     forward pass draws the very masks of the first one. Both modes go through the same
     ``LayerStack._apply`` (they differ only in ``prevent_cse``), so the unrolled mode checks one
-    policy, to save compilations."""
+    policy, to save compilations. Two layers, as many as the claim needs (a block recomputed after
+    another): an unrolled stack compiles each layer on its own."""
     ids = jnp.asarray(np.random.RandomState(1).randint(0, 101, (2, 6)))
-    _, outs, expected = _loss_and_grads(_train_gpt("none", scan), (ids,))
+    _, outs, expected = _loss_and_grads(_train_gpt("none", scan, num_layers=2), (ids,))
     for policy in policies:
-        _, remat_outs, grads = _loss_and_grads(_train_gpt(policy, scan), (ids,))
+        _, remat_outs, grads = _loss_and_grads(_train_gpt(policy, scan, num_layers=2), (ids,))
         assert max_rel_diff(outs[0], remat_outs[0]) <= JIT_TOL, policy
         _assert_grads_close(expected, grads, JIT_TOL)
 
