@@ -336,7 +336,9 @@ def test_import_randomized_twins_stay_twins(saved):
 def test_train_exports_marian_with_its_start_and_end_tokens(tmp_path):
     """``jaxformer train --family transformer --preset marian_tiny --export-hf DIR``: transformers
     loads the export as a MarianMTModel with the run's tokens as decoder start ([CLS]) and eos
-    ([SEP]), and computes the logits of the model the run's final checkpoint restores."""
+    ([SEP]), and computes the logits of the model the run's final checkpoint restores. Trained
+    without dropout (``--dropout 0``: half the train step's compilation; the export is compared
+    in eval mode, where dropout does nothing)."""
     from jaxformer import cli
     from jaxformer.training.checkpoint import Checkpointer
     from jaxformer.training.config import TrainConfig
@@ -346,8 +348,8 @@ def test_train_exports_marian_with_its_start_and_end_tokens(tmp_path):
     data = write_corpus(tmp_path / "corpus.txt", lines=60)
     run_dir, export = tmp_path / "run", tmp_path / "hf"
     assert cli.main(["train", "--family", "transformer", "--preset", "marian_tiny", "--data",
-                     data, "--steps", "3", "--seq-len", "16", "--vocab-size", "40",
-                     "--checkpoint-dir", str(run_dir), "--export-hf", str(export)]) == 0
+                     data, "--steps", "3", "--seq-len", "16", "--vocab-size", "40", "--dropout",
+                     "0", "--checkpoint-dir", str(run_dir), "--export-hf", str(export)]) == 0
     identity = json.loads((run_dir / "run.json").read_text())["identity"]
     config = TransformerConfig(**{k: v for k, v in identity["model_config"].items()
                                   if k != "class"})
