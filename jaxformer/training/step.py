@@ -63,7 +63,8 @@ def _initializer(family: str, model_config):
     def make(seed):  # nnx.Rngs(seed) does this with a Python int; here the seed is traced
         return MODELS[family](model_config, rngs=nnx.Rngs(jax.random.key(seed)))
 
-    return nnx.graphdef(nnx.eval_shape(lambda: make(0))), jax.jit(lambda s: nnx.state(make(s)))
+    return nnx.graphdef(nnx.eval_shape(lambda: make(0))), jax.jit(
+        lambda s: nnx.state(make(s)), compiler_options=runtime.initializer_compiler_options())
 
 
 class TrainStep:
