@@ -108,16 +108,6 @@ class Embed(nnx.Embed):
         return constrain(jnp.take(table, ids, axis=0, mode="fill", fill_value=jnp.nan),
                          ("batch",) + (None,) * (ids.ndim - 1) + ("hidden",))
 
-    def attend(self, query, out_sharding=None):
-        """The tied LM head. A ``[batch, features]`` query (one position per row: a decoding
-        step) is multiplied as ``table . query^T``, the table as it lies: written as ``query .
-        table^T`` (``nnx.Embed``'s way, kept for every other shape), XLA:CPU copied the
-        transposed table into its product inside the generation loop (docs/performance.md)."""
-        if query.ndim != 2 or out_sharding is not None:
-            return super().attend(query, out_sharding=out_sharding)
-        query, table = self.promote_dtype((query, self.embedding[...]), dtype=self.dtype)
-        return jnp.einsum("vc,bc->bv", table, query)
-
 
 def embedding(num_embeddings: int, config, *, names: tuple[str, str],
               rngs: nnx.Rngs) -> Embed:
