@@ -35,13 +35,18 @@ print(runtime._TUNED_AT_IMPORT, runtime.tune_allocator())
 """
 
 
-def _probe(before: str = "", **env: str) -> str:
+def _python(code: str, **env: str) -> str:
+    """``code``'s output in a fresh CPU interpreter, with none of the allocator variables of this
+    process but ``env``'s."""
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith("MALLOC_") and k != "JAXFORMER_TUNE_MALLOC"}
-    result = subprocess.run([sys.executable, "-c", PROBE.format(before=before)],
-                            env={**clean, "JAX_PLATFORMS": "cpu", **env}, capture_output=True,
-                            text=True, timeout=120, check=True)
-    return result.stdout.split("\n")[-2]
+    return subprocess.run([sys.executable, "-c", code],
+                          env={**clean, "JAX_PLATFORMS": "cpu", **env}, capture_output=True,
+                          text=True, timeout=120, check=True).stdout
+
+
+def _probe(before: str = "", **env: str) -> str:
+    return _python(PROBE.format(before=before), **env).split("\n")[-2]
 
 
 @glibc
@@ -86,13 +91,9 @@ def test_a_freed_scratch_block_is_reused_without_page_faults(tune):
     scratch at 4 x 128) malloc'ed by a thread other than the main one, written and freed, then
     malloc'ed and written again: the second time takes (almost) no page faults with the
     settings, and as many as the first time without them (the block went back to the kernel)."""
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith("MALLOC_") and k != "JAXFORMER_TUNE_MALLOC"}
-    result = subprocess.run([sys.executable, "-c", REUSE.format(size=1_200_000_000)],
-                            env={**clean, "JAX_PLATFORMS": "cpu", "JAXFORMER_TUNE_MALLOC": tune},
-                            capture_output=True, text=True, timeout=120, check=True)
-    first, second = map(int, result.stdout.split())
-    assert first > 0, result.stdout
+    output = _python(REUSE.format(size=1_200_000_000), JAXFORMER_TUNE_MALLOC=tune)
+    first, second = map(int, output.split())
+    assert first > 0, output
     if tune == "1":
         assert second < 0.05 * first, f"page faults: first {first}, second {second}"
     else:
