@@ -15,7 +15,7 @@ from jaxformer.config import BertConfig, GPTConfig, TransformerConfig
 __version__ = "0.1.0"
 
 _SUBMODULES = ("checkpoints", "cli", "config", "embed", "generation", "loading", "models", "nn",
-               "numerics", "parity", "training", "validate")
+               "numerics", "parity", "tokenizer", "training", "validate")
 # names of submodules offered at the top (``jaxformer.load(path)``), imported on first use
 _LAZY = {"load": "loading", "Loaded": "loading", "LoadError": "loading"}
 

@@ -61,6 +61,8 @@ JAX_ONLY = {
     "outputs.py": "what a command may write (framework-free rules of the commands, no model)",
     "loading.py": "one loader of runs and Hugging Face directories (files, checkpoints, "
                   "conversion through numpy); it reaches the torch side through frameworks",
+    "tokenizer.py": "the text side of a loaded model (a tokenizers wrapper and the ids an export "
+                    "writes): framework-free, no model is run",
     "evaluate.py": "the `jaxformer eval` command (host-side sums over either framework's "
                    "training/evaluation.py)",
     "embed.py": "sentence embeddings and `jaxformer embed` (files, tokenizers, pooling config); "

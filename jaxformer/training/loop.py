@@ -498,7 +498,7 @@ def export_hf(model, run_dir: Path, path: Path, overwrite: bool = False) -> None
     outputs.check_directory("--export-hf", path, "a previous --export-hf export",
                             overwrite=overwrite, previous=outputs.has_marker(rundir.EXPORT_KIND),
                             keep={f"the run directory ({run_dir})": run_dir})
-    from jaxformer.loading import export_token_ids
+    from jaxformer.tokenizer import export_token_ids
 
     files = {"tokenizer.json": (run_dir / "tokenizer.json").read_bytes()}
     marker = outputs.marker_text(rundir.EXPORT_KIND, [CONFIG, SAFETENSORS, *files])

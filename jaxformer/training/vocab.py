@@ -62,9 +62,9 @@ def encode_chars(tokenizer, text: str) -> np.ndarray:
     """``text`` as the int32 ids of a :func:`char_tokenizer`; a character outside its vocabulary
     is an error naming it and where it first occurs (the tokenizer alone would drop it).
 
-    The ids are what ``tokenizer.encode(text).ids`` gives (the tests hold them equal), looked up
-    in numpy: one BPE "word" of a whole corpus is slow to encode (19 s for Shakespeare's 4.5M
-    characters on a busy 2-core machine, against 0.1 s here)."""
+    The ids are what the tokenizer's own ``encode(text).ids`` gives (the tests hold them
+    equal), looked up in numpy: one BPE "word" of a whole corpus is slow to encode (19 s for
+    Shakespeare's 4.5M characters on a busy 2-core machine, against 0.1 s here)."""
     if not is_char_tokenizer(tokenizer):
         raise DataError("encode_chars needs a character tokenizer (char_tokenizer); this one "
                         "has merges, added tokens, a normalizer or multi-character tokens")

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import jaxformer
-from jaxformer.loading import LoadError, TextTokenizer, load, require_family
+from jaxformer.loading import LoadError, load, require_family
+from jaxformer.tokenizer import TextTokenizer
 from jaxformer.training import loop
 from jaxformer.training.config import TrainConfig
 from parity_tests.support.helpers import assert_close
@@ -474,7 +475,7 @@ def test_an_exported_gpt_stops_hugging_face_generation_at_its_end_token(runs, tm
     from transformers import GPT2LMHeadModel
 
     from jaxformer.checkpoints.hf import save_pretrained
-    from jaxformer.loading import export_token_ids
+    from jaxformer.tokenizer import export_token_ids
 
     result = runs["gpt"]
     tokenizer = load(result.run_dir).tokenizer

@@ -230,7 +230,7 @@ def save_pretrained(model, path: str | os.PathLike, *, overwrite: bool = False,
     (with ``architectures``) and ``model.safetensors`` (float32, tied weights stored once).
 
     ``token_ids`` sets :data:`TOKEN_ID_KEYS` of ``config.json`` (the tokenizer's;
-    ``loading.export_token_ids`` derives them; an encoder-decoder's ``decoder_start_token_id``
+    ``tokenizer.export_token_ids`` derives them; an encoder-decoder's ``decoder_start_token_id``
     too): without an ``eos_token_id`` Hugging Face's ``generate`` never stops before
     ``max_new_tokens``. A None
     value leaves the config's own. ``label_names``: a classifier's class names in id order
