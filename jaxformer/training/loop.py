@@ -494,12 +494,11 @@ def export_hf(model, run_dir: Path, path: Path, overwrite: bool = False) -> None
     it changed during the run) a target ``outputs.check_directory`` refuses."""
     from jaxformer.checkpoints.hf import save_pretrained
     from jaxformer.checkpoints.hf.files import CONFIG, SAFETENSORS
+    from jaxformer.tokenizer import export_token_ids
 
     outputs.check_directory("--export-hf", path, "a previous --export-hf export",
                             overwrite=overwrite, previous=outputs.has_marker(rundir.EXPORT_KIND),
                             keep={f"the run directory ({run_dir})": run_dir})
-    from jaxformer.tokenizer import export_token_ids
-
     files = {"tokenizer.json": (run_dir / "tokenizer.json").read_bytes()}
     marker = outputs.marker_text(rundir.EXPORT_KIND, [CONFIG, SAFETENSORS, *files])
     save_pretrained(model, path, overwrite=True,
