@@ -95,9 +95,9 @@ def bench_model(name, args, bench):
     tmodel = tmodel.to(device=bench.tdev, dtype=getattr(torch, args.dtype))
     forward = jitted(jmodel)
     # Parameters held in the benchmark dtype, cast once here: no per-call casts are timed.
-    forward.state = jax.device_put(jax.tree.map(
+    forward.params = jax.device_put(jax.tree.map(
         lambda x: x.astype(args.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-        forward.state), bench.jdev)
+        forward.params), bench.jdev)
 
     inputs = make_inputs(name, cfg, B, T, T_tgt, seed=args.seed)
     jin = tuple(jax.device_put(x, bench.jdev) for x in inputs)

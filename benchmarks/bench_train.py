@@ -74,6 +74,7 @@ QUICK = dict(preset="tiny", batch=4, seq=32)  # --quick: the same code on tiny c
 VARIANTS = {
     "xla": dict(attention_implementation="xla"),
     "einsum": dict(attention_implementation="einsum"),
+    "cudnn": dict(attention_implementation="cudnn"),  # GPU only: cuDNN flash attention
     "scan": dict(scan_layers=True),
     "remat-full": dict(remat="full"),
     "remat-dots": dict(remat="dots_saveable"),
@@ -196,7 +197,13 @@ def bench_workload(name, args, bench):
         print(f"{name}: building the {framework} step" + (" (compiled model)" if compile else ""),
               flush=True)
         options = RunOptions(family=family, data="", framework=framework, compile=compile)
-        return build_trainer(family, framework, model_cfg, tc, options)[0]
+        trainer = build_trainer(family, framework, model_cfg, tc, options)[0]
+        if framework == "torch":
+            # the loop's torch twin trains where its model was built, the CPU; the benchmark
+            # times it on its own device (in place: the optimizer keeps the same parameters,
+            # whose state it creates at the first step, on that device)
+            trainer.model.to(bench.tdev)
+        return trainer
 
     jax_steps = {"jaxformer": (build("jax"), None)}
     for v in args.jax_variants:

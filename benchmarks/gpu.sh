@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One GPU session's checks and benchmarks, in priority order, each under its own time limit and
+# all under one deadline, so that a short lease still brings back the most important results:
+#
+#   bash benchmarks/gpu.sh OUT_DIR [SECONDS]      # SECONDS: the whole run's deadline (540)
+#   STEPS="forward train-gpt2" bash benchmarks/gpu.sh OUT_DIR   # only these steps
+#   TRAIN_EXTRA="--no-compile" ...               # added to every training-step benchmark
+#
+# Each step's log and every result file (benchmarks' JSON, Markdown, PNG) land in OUT_DIR, and
+# $ARCHIVE (OUT_DIR/gpu-results.tgz) packs them all again after every step (a run cut short keeps
+# what it finished). The interpreter is $PY (python3), with its own jax (CUDA), flax, optax,
+# torch (CUDA) and transformers; the repository is put on PYTHONPATH, nothing is installed.
+#
+# Steps: the versions and the card; the GPU-marked tests (cuDNN flash attention, float32 parity
+# against CUDA torch); the main job (`jaxformer parity`) on the GPU; greedy decoding
+# of GPT-2 small (batch 1 and 8, float32, against Hugging Face); the bfloat16 forward of BERT-base
+# and GPT-2 small; the training step of GPT-2 small in bfloat16 at 16 x 1024 (jaxformer with XLA's
+# attention and with cuDNN flash attention, torch_ref eager, torch.compile: MFU); BERT-base's
+# training step in bfloat16 at 32 x 512; the model parity files on the GPU.
+set -u
+OUT=${1:?usage: bash benchmarks/gpu.sh OUT_DIR [SECONDS]}
+DEADLINE=$((SECONDS + ${2:-540}))
+PY=${PY:-python3}
+cd "$(dirname "$0")/.."
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX and torch share the card
+
+step() {  # step NAME LIMIT COMMAND...: run with LIMIT seconds at most, or skip past the deadline
+    local name=$1 limit=$2 left=$((DEADLINE - SECONDS)) t0=$SECONDS
+    shift 2
+    [[ -n ${STEPS:-} && " $STEPS " != *" $name "* ]] && return
+    ((left < limit)) && limit=$left
+    if ((limit < 30)); then echo "=== $name: skipped (deadline)"; return; fi
+    echo "=== $name: up to ${limit}s, $(date -u +%T)"
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    echo "=== $name: exit $? after $((SECONDS - t0))s"
+    grep -E "^\| |passed|failed|skipped|Error" "$OUT/$name.log" | tail -n 14
+    tar czf "$PACK" -C "$OUT" --exclude=gpu-results.tgz . && mv "$PACK" "$ARCHIVE"
+}
+ARCHIVE=${ARCHIVE:-$OUT/gpu-results.tgz}
+PACK=${TMPDIR:-/tmp}/gpu-results.$$.tgz
+BF16=(--device gpu --dtype bfloat16 --matmul-precision default --out "$OUT")
+TRAIN=("${BF16[@]}" --repeats 8 --warmup 2 ${TRAIN_EXTRA:-})
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm \
+    --format=csv >"$OUT/card.txt" 2>&1
+"$PY" -c "import sys, jax, flax, optax, torch; print(sys.version.split()[0], 'jax', jax.__version__,
+'flax', flax.__version__, 'optax', optax.__version__, 'torch', torch.__version__, jax.devices(),
+torch.cuda.is_available())" >>"$OUT/card.txt" 2>&1
+cat "$OUT/card.txt"
+
+step tests-gpu 90 "$PY" -m pytest -q -p no:cacheprovider parity_tests/test_gpu.py
+step parity 60 "$PY" -m jaxformer.cli parity
+step decode 90 "$PY" benchmarks/bench_decode.py --device gpu --matmul-precision default \
+    --out "$OUT" --batches 1,8 --new 128 --repeats 5
+step forward 60 "$PY" benchmarks/bench_forward.py "${BF16[@]}" --models bert,gpt2 --batch 32 \
+    --seq 512 --repeats 10
+step train-gpt2 240 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models gpt2 --batch 16 \
+    --seq 1024 --jax-variants cudnn
+step train-bert 180 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models bert --batch 32 \
+    --seq 512
+step tests-models 120 "$PY" -m pytest -q -p no:cacheprovider parity_tests/models parity_tests/nn
+echo "=== done after ${SECONDS}s"

@@ -1,0 +1,38 @@
+"""The benchmark scripts still run against the library: ``bench_forward.py`` and
+``bench_train.py`` on tiny models, one timed round, nothing saved. No time is asserted (speed is
+the scripts' business, never a test's); what is checked is that each script gets through its
+equal-work checks and prints its table. ``bench_forward.py`` once broke silently when
+``jaxformer.nn.jit.Jitted`` renamed its parameters (``state`` -> ``params``) and was found broken
+only on a lent GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+TINY_TIMING = ["--repeats", "1", "--warmup", "0", "--peak-size", "64", "--peak-repeats", "1",
+               "--no-save"]
+
+
+def run(script: str, *args: str) -> str:
+    # A process of its own: the harness sets process-wide matmul precision and torch threads.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), *args, *TINY_TIMING],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_bench_forward_runs():
+    out = run("bench_forward.py", "--models", "bert,gpt2,transformer", "--preset", "tiny",
+              "--batch", "2", "--seq", "8", "--dtype", "bfloat16")
+    for label in ("BertModel (tiny)", "GPT (tiny)", "Transformer (tiny)"):
+        assert f"| {label} | 2 x " in out, out[-2000:]
+
+
+def test_bench_train_runs():
+    out = run("bench_train.py", "--quick", "--no-compile", "--models", "gpt2")
+    assert "| gpt2 (tiny) | 4 x 32 | jaxformer |" in out, out[-2000:]
