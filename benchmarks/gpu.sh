@@ -12,11 +12,13 @@
 # torch (CUDA) and transformers; the repository is put on PYTHONPATH, nothing is installed.
 #
 # Steps: the versions and the card; the GPU-marked tests (cuDNN flash attention, float32 parity
-# against CUDA torch); the main job (`jaxformer parity`) on the GPU; greedy decoding
-# of GPT-2 small (batch 1 and 8, float32, against Hugging Face); the bfloat16 forward of BERT-base
-# and GPT-2 small; the training step of GPT-2 small in bfloat16 at 16 x 1024 (jaxformer with XLA's
-# attention and with cuDNN flash attention, torch_ref eager, torch.compile: MFU); BERT-base's
-# training step in bfloat16 at 32 x 512; the model parity files on the GPU.
+# against CUDA torch); the main job (`jaxformer parity`) on the GPU; greedy decoding of GPT-2
+# small (batch 1 and 8, float32, against Hugging Face); the bfloat16 forward of BERT-base and
+# GPT-2 small (XLA's attention, then cuDNN's); the training step of GPT-2 small in bfloat16 at
+# 16 x 1024 (jaxformer with XLA's and with cuDNN's attention, torch_ref eager, torch.compile:
+# MFU); BERT-base's training step in bfloat16 at 32 x 512; the model parity files on the GPU.
+# The first lease (docs/performance.md, "On a GPU") found the training steps with torch.compile
+# need more than 200 s each: give the run its whole deadline.
 set -u
 OUT=${1:?usage: bash benchmarks/gpu.sh OUT_DIR [SECONDS]}
 DEADLINE=$((SECONDS + ${2:-540}))
@@ -56,6 +58,8 @@ step decode 90 "$PY" benchmarks/bench_decode.py --device gpu --matmul-precision 
     --out "$OUT" --batches 1,8 --new 128 --repeats 5
 step forward 60 "$PY" benchmarks/bench_forward.py "${BF16[@]}" --models bert,gpt2 --batch 32 \
     --seq 512 --repeats 10
+step forward-cudnn 60 "$PY" benchmarks/bench_forward.py "${BF16[@]}" --models bert,gpt2 \
+    --batch 32 --seq 512 --repeats 10 --attention-implementation cudnn --tag cudnn
 step train-gpt2 240 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models gpt2 --batch 16 \
     --seq 1024 --jax-variants cudnn
 step train-bert 180 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models bert --batch 32 \
