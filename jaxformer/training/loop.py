@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from jaxformer import frameworks, outputs
+from jaxformer import frameworks
 from jaxformer.training import (
     config_file,
     data,
@@ -35,7 +35,7 @@ from jaxformer.training.rundir import CheckpointDamaged, DamagedFile, ResumeErro
 
 __all__ = ["CHECKPOINT_EVERY", "FRAMEWORKS", "PROGRESS", "CheckpointDamaged", "DamagedFile",
            "ResumeError", "RunAborted", "RunInterrupted", "RunOptions", "RunResult",
-           "TrainingDiverged", "build_trainer", "data_tokens", "export_hf", "prepare", "train"]
+           "TrainingDiverged", "build_trainer", "data_tokens", "prepare", "train"]
 
 FRAMEWORKS = frameworks.FRAMEWORKS
 PROGRESS = ("auto", "bar", "plain", "none")
@@ -336,7 +336,8 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
             family, options.framework, model_cfg, config, options,
             initializer(source, options, train_set, run_dir, stream, primary))
     checkpointer = checkpointer_cls(run_dir / "checkpoints", keep=options.keep)
-    start = _resume(checkpointer, trainer, config, options, run_dir, stream) if options.resume \
+    start = rundir.resume_latest(checkpointer, trainer, config.accumulation_steps,
+                                 options.resume_strict, run_dir, stream) if options.resume \
         else 0
     if flags is not None and primary:  # the command's FLAGS: DIR/config.toml, which
         config_file.write(run_dir, config, options, flags)  # --config runs again; after a
@@ -421,7 +422,7 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
             if options.export_hf and not interrupted:
                 model = distributed.whole_model(trainer)
                 if primary:
-                    export_hf(model, run_dir, Path(options.export_hf), options.overwrite)
+                    rundir.export_hf(model, run_dir, Path(options.export_hf), options.overwrite)
     except RunAborted:
         aborted = True
         raise
@@ -445,66 +446,6 @@ def _compile_phase(framework: str) -> str:
     if framework == "jax":
         return "the first update (XLA compiles the train step)"
     return "the first update (eager torch: no compilation, unless --compile)"
-
-
-def _resume(checkpointer, trainer, config: TrainConfig, options: RunOptions, run_dir: Path,
-            stream) -> int:
-    """Restore the newest checkpoint that is whole into ``trainer`` and return its step. A
-    damaged newer one is reported and set aside (``DIR-damaged/``), with a warning naming both
-    steps, unless ``resume_strict``, which makes it an error; none at all: step 0."""
-    damaged: list[CheckpointDamaged] = []
-    for step in reversed(checkpointer.steps()):
-        try:
-            meta = checkpointer.restore(trainer, step)
-            expected = step * config.accumulation_steps
-            if trainer.step != step:
-                raise CheckpointDamaged(step, checkpointer.path(step), f"holds the state of step "
-                                        f"{trainer.step}, not {step}")
-            if meta.get("data_position") != expected:
-                raise CheckpointDamaged(step, checkpointer.meta_path(step), f"records data "
-                                        f"position {meta.get('data_position')!r}, expected "
-                                        f"{expected}")
-        except CheckpointDamaged as error:
-            if options.resume_strict:
-                raise CheckpointDamaged(error.step, error.path, f"{error.problem} "
-                                        f"(--resume-strict: not resuming from an earlier "
-                                        f"checkpoint; nothing was changed)") from None
-            damaged.append(error)
-            continue
-        for bad in damaged:
-            moved = checkpointer.set_aside(bad.step)
-            print(f"jaxformer train: warning: checkpoint step {bad.step} is damaged ({bad}); "
-                  f"resuming from step {step}, the newest good checkpoint; step {bad.step} "
-                  f"was moved to {moved}", file=sys.stderr, flush=True)
-        print(f"resuming {run_dir} from step {step}", file=stream, flush=True)
-        return step
-    if damaged:
-        raise CheckpointDamaged(damaged[-1].step, damaged[-1].path, f"{damaged[-1].problem}; no "
-                                f"checkpoint of {checkpointer.directory} can be restored "
-                                f"(damaged: steps {sorted(d.step for d in damaged)}; nothing was "
-                                f"changed)")
-    print(f"{run_dir} has no checkpoint yet: starting from step 0", file=stream, flush=True)
-    return 0
-
-
-def export_hf(model, run_dir: Path, path: Path, overwrite: bool = False) -> None:
-    """The trained model as a Hugging Face directory (``config.json``, ``model.safetensors``)
-    with the run's ``tokenizer.json`` beside them and an ``outputs.MARKER`` that lets a later
-    ``--overwrite`` recognise the export; written whole or not at all. Refuses (again, in case
-    it changed during the run) a target ``outputs.check_directory`` refuses."""
-    from jaxformer.checkpoints.hf import save_pretrained
-    from jaxformer.checkpoints.hf.files import CONFIG, SAFETENSORS
-    from jaxformer.tokenizer import export_token_ids
-
-    outputs.check_directory("--export-hf", path, "a previous --export-hf export",
-                            overwrite=overwrite, previous=outputs.has_marker(rundir.EXPORT_KIND),
-                            keep={f"the run directory ({run_dir})": run_dir})
-    files = {"tokenizer.json": (run_dir / "tokenizer.json").read_bytes()}
-    marker = outputs.marker_text(rundir.EXPORT_KIND, [CONFIG, SAFETENSORS, *files])
-    save_pretrained(model, path, overwrite=True,
-                    extra_files={**files, outputs.MARKER: marker.encode()},
-                    token_ids=export_token_ids(model, run_dir / "tokenizer.json"),
-                    label_names=rundir.read_run(run_dir).get("label_names"))
 
 
 def data_tokens(dataset: data.Dataset, config: TrainConfig) -> int:

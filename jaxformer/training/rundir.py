@@ -4,13 +4,15 @@ One run lives in one directory (``--checkpoint-dir``, default ``runs/FAMILY-PRES
 ``run.json`` (the run identity, the classifier's label names and how the run evaluates),
 ``tokenizer.json``, ``checkpoints/``, by default ``metrics.jsonl`` and its plot. Used by
 ``loop.prepare`` to refuse a directory or a resume that does not fit, naming each difference,
-before anything is written.
+before anything is written; by ``loop.train`` to resume from the newest whole checkpoint
+(:func:`resume_latest`) and to export the trained model (:func:`export_hf`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from jaxformer import outputs
@@ -237,3 +239,65 @@ def extension(run_dir: Path, saved_run: dict, identity: dict, options) -> dict:
             f"--checkpoint-dir) from this run's final weights instead; only runs with --schedule "
             f"constant can be extended (nothing was written)")
     return {**identity, "train_config": now}
+
+
+def resume_latest(checkpointer, trainer, accumulation_steps: int, strict: bool, run_dir: Path,
+                  stream) -> int:
+    """``--resume``: restore the newest checkpoint that is whole into ``trainer`` and return its
+    step. A damaged newer one is reported and set aside (``DIR-damaged/``), with a warning naming
+    both steps, unless ``strict`` (``--resume-strict``), which makes it an error; none at all:
+    step 0. A checkpoint of step N must hold the state of step N and record the data position
+    ``N * accumulation_steps``."""
+    damaged: list[CheckpointDamaged] = []
+    for step in reversed(checkpointer.steps()):
+        try:
+            meta = checkpointer.restore(trainer, step)
+            expected = step * accumulation_steps
+            if trainer.step != step:
+                raise CheckpointDamaged(step, checkpointer.path(step), f"holds the state of step "
+                                        f"{trainer.step}, not {step}")
+            if meta.get("data_position") != expected:
+                raise CheckpointDamaged(step, checkpointer.meta_path(step), f"records data "
+                                        f"position {meta.get('data_position')!r}, expected "
+                                        f"{expected}")
+        except CheckpointDamaged as error:
+            if strict:
+                raise CheckpointDamaged(error.step, error.path, f"{error.problem} "
+                                        f"(--resume-strict: not resuming from an earlier "
+                                        f"checkpoint; nothing was changed)") from None
+            damaged.append(error)
+            continue
+        for bad in damaged:
+            moved = checkpointer.set_aside(bad.step)
+            print(f"jaxformer train: warning: checkpoint step {bad.step} is damaged ({bad}); "
+                  f"resuming from step {step}, the newest good checkpoint; step {bad.step} "
+                  f"was moved to {moved}", file=sys.stderr, flush=True)
+        print(f"resuming {run_dir} from step {step}", file=stream, flush=True)
+        return step
+    if damaged:
+        raise CheckpointDamaged(damaged[-1].step, damaged[-1].path, f"{damaged[-1].problem}; no "
+                                f"checkpoint of {checkpointer.directory} can be restored "
+                                f"(damaged: steps {sorted(d.step for d in damaged)}; nothing was "
+                                f"changed)")
+    print(f"{run_dir} has no checkpoint yet: starting from step 0", file=stream, flush=True)
+    return 0
+
+
+def export_hf(model, run_dir: Path, path: Path, overwrite: bool = False) -> None:
+    """The trained model as a Hugging Face directory (``config.json``, ``model.safetensors``)
+    with the run's ``tokenizer.json`` beside them and an ``outputs.MARKER`` that lets a later
+    ``--overwrite`` recognise the export; written whole or not at all. Refuses (again, in case
+    it changed during the run) a target ``outputs.check_directory`` refuses."""
+    from jaxformer.checkpoints.hf import save_pretrained
+    from jaxformer.checkpoints.hf.files import CONFIG, SAFETENSORS
+    from jaxformer.tokenizer import export_token_ids
+
+    outputs.check_directory("--export-hf", path, "a previous --export-hf export",
+                            overwrite=overwrite, previous=outputs.has_marker(EXPORT_KIND),
+                            keep={f"the run directory ({run_dir})": run_dir})
+    files = {"tokenizer.json": (run_dir / "tokenizer.json").read_bytes()}
+    marker = outputs.marker_text(EXPORT_KIND, [CONFIG, SAFETENSORS, *files])
+    save_pretrained(model, path, overwrite=True,
+                    extra_files={**files, outputs.MARKER: marker.encode()},
+                    token_ids=export_token_ids(model, run_dir / "tokenizer.json"),
+                    label_names=read_run(run_dir).get("label_names"))

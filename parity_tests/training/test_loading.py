@@ -16,7 +16,7 @@ import torch
 import jaxformer
 from jaxformer.loading import LoadError, load, require_family
 from jaxformer.tokenizer import TextTokenizer
-from jaxformer.training import loop
+from jaxformer.training import loop, rundir
 from jaxformer.training.config import TrainConfig
 from parity_tests.support.helpers import assert_close
 from parity_tests.support.training import write_corpus
@@ -479,7 +479,7 @@ def test_an_exported_gpt_stops_hugging_face_generation_at_its_end_token(runs, tm
 
     result = runs["gpt"]
     tokenizer = load(result.run_dir).tokenizer
-    loop.export_hf(result.model, result.run_dir, tmp_path / "hf")
+    rundir.export_hf(result.model, result.run_dir, tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["eos_token_id"] == tokenizer.eos_id == tokenizer.token_to_id("[SEP]")
     assert config["bos_token_id"] == tokenizer.eos_id
@@ -507,7 +507,7 @@ def test_an_exported_gpt_stops_hugging_face_generation_at_its_end_token(runs, tm
 def test_an_exported_bert_names_its_end_and_start_tokens(runs, tmp_path):
     result = runs["bert"]
     tokenizer = load(result.run_dir).tokenizer
-    loop.export_hf(result.model, result.run_dir, tmp_path / "hf")
+    rundir.export_hf(result.model, result.run_dir, tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (config["eos_token_id"], config["bos_token_id"], config["pad_token_id"]) == (
         tokenizer.sep_id, tokenizer.cls_id, tokenizer.pad_id)
@@ -517,7 +517,7 @@ def test_an_exported_classifier_keeps_its_label_names(runs, tmp_path):
     from transformers import BertForSequenceClassification
 
     result = runs["classifier"]
-    loop.export_hf(result.model, result.run_dir, tmp_path / "hf")
+    rundir.export_hf(result.model, result.run_dir, tmp_path / "hf")
     assert BertForSequenceClassification.from_pretrained(tmp_path / "hf").config.id2label == {
         0: "no", 1: "yes"}
     with warnings.catch_warnings():
