@@ -37,7 +37,8 @@ it runs at).
 implementation, remat, scanned layers, matmul precision) to the same interleaved rounds, for the
 experiments recorded in results/ (``--jax-only`` leaves torch out); XLA flags need a process
 each (``--xla-flags ... --tag ...``). ``--profile DIR`` writes a ``jax.profiler`` trace of two
-steps. Memory: GPT-2 with its three candidates holds about 10 GB; each extra variant ~3 GB.
+steps of each jaxformer candidate after the timed rounds, which ``profile_summary.py`` sums by
+kernel. Memory: GPT-2 with its three candidates holds about 10 GB; each extra variant ~3 GB.
 On a shared machine time one thread in process CPU time (``taskset -c 1 ... --threads 1
 --clock cpu``, benchmarks/README.md); a GPT-2 step then takes 13-19 s of CPU.
 
@@ -254,12 +255,6 @@ def bench_workload(name, args, bench):
         raise SystemExit(f"{name}: the first-step losses differ by more than {rtol} "
                          f"(relative): {first}; the candidates do not compute the same update")
 
-    if args.profile:
-        with jax.profiler.trace(f"{args.profile}/{name}"):
-            for _ in range(2):
-                fns["jaxformer"]()
-        print(f"{name}: profile written under {args.profile}/{name}", flush=True)
-
     tokens = B * T
     options = ({"model": "BertForPreTraining", "masked_positions": head_positions}
                if family == "bert" else {})
@@ -276,6 +271,14 @@ def bench_workload(name, args, bench):
         raise SystemExit(f"{name}: a loss stopped being finite during the timed steps")
     ref_row = trajectory[list(trainers).index(baseline)]
     drift = float((np.abs(trajectory - ref_row) / np.abs(ref_row)).max())
+    if args.profile:  # after the timed rounds: two more steps of each jaxformer candidate
+        for key, (trainer, precision) in jax_steps.items():
+            where = f"{args.profile}/{name}/{key.replace(' ', '-')}"
+            with jax.profiler.trace(where, create_perfetto_trace=True), switches(precision):
+                for _ in range(2):
+                    jax.block_until_ready(trainer(batch))
+            print(f"{name}: profile of {key} written under {where} "
+                  f"(benchmarks/profile_summary.py {where})", flush=True)
     notes = {}
     for key in trainers:
         stats = case[key]
@@ -329,7 +332,8 @@ def parse_args(argv=None):
                    help="no torch candidate: jaxformer and its --jax-variants, jaxformer the "
                         "baseline")
     p.add_argument("--profile", default=None, metavar="DIR",
-                   help="write a jax.profiler trace of two jaxformer steps per model under DIR")
+                   help="write a jax.profiler trace (with a Perfetto trace.json.gz) of two steps of "
+                        "each jaxformer candidate under DIR/MODEL/CANDIDATE")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.jax_variants = [v.strip() for v in args.jax_variants.split(",") if v.strip()]

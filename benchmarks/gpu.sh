@@ -16,7 +16,8 @@
 # small (batch 1 and 8, float32, against Hugging Face); the bfloat16 forward of BERT-base and
 # GPT-2 small (XLA's attention, then cuDNN's); the training step of GPT-2 small in bfloat16 at
 # 16 x 1024 (jaxformer with XLA's and with cuDNN's attention, torch_ref eager, torch.compile:
-# MFU); BERT-base's training step in bfloat16 at 32 x 512; the model parity files on the GPU.
+# MFU; a profile of the jaxformer steps, summed by kernel); BERT-base's training step in bfloat16
+# at 32 x 512; GPT-2's step again with XLA's Triton GEMMs off; the model parity files.
 # The first lease (docs/performance.md, "On a GPU") found the training steps with torch.compile
 # need more than 200 s each: give the run its whole deadline.
 set -u
@@ -38,7 +39,7 @@ step() {  # step NAME LIMIT COMMAND...: run with LIMIT seconds at most, or skip 
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
     echo "=== $name: exit $? after $((SECONDS - t0))s"
     grep -E "^\| |passed|failed|skipped|Error" "$OUT/$name.log" | tail -n 14
-    tar czf "$PACK" -C "$OUT" --exclude=gpu-results.tgz . && mv "$PACK" "$ARCHIVE"
+    tar czf "$PACK" -C "$OUT" --exclude=gpu-results.tgz --exclude="*.xplane.pb" . && mv "$PACK" "$ARCHIVE"
 }
 ARCHIVE=${ARCHIVE:-$OUT/gpu-results.tgz}
 PACK=${TMPDIR:-/tmp}/gpu-results.$$.tgz
@@ -52,7 +53,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm 
 torch.cuda.is_available())" >>"$OUT/card.txt" 2>&1
 cat "$OUT/card.txt"
 
-step tests-gpu 90 "$PY" -m pytest -q -p no:cacheprovider parity_tests/test_gpu.py
+step tests-gpu 60 "$PY" -m pytest -q -p no:cacheprovider parity_tests/test_gpu.py
 step parity 60 "$PY" -m jaxformer.cli parity
 step decode 90 "$PY" benchmarks/bench_decode.py --device gpu --matmul-precision default \
     --out "$OUT" --batches 1,8 --new 128 --repeats 5
@@ -60,9 +61,15 @@ step forward 60 "$PY" benchmarks/bench_forward.py "${BF16[@]}" --models bert,gpt
     --seq 512 --repeats 10
 step forward-cudnn 60 "$PY" benchmarks/bench_forward.py "${BF16[@]}" --models bert,gpt2 \
     --batch 32 --seq 512 --repeats 10 --attention-implementation cudnn --tag cudnn
-step train-gpt2 240 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models gpt2 --batch 16 \
-    --seq 1024 --jax-variants cudnn
-step train-bert 180 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models bert --batch 32 \
-    --seq 512
+step train-gpt2 250 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models gpt2 --batch 16 \
+    --seq 1024 --jax-variants cudnn --profile "$OUT/profile"
+step profile-gpt2 40 "$PY" benchmarks/profile_summary.py "$OUT/profile/gpt2/jaxformer-cudnn" \
+    --json "$OUT/profile-gpt2-cudnn.json"
+step train-bert 270 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models bert --batch 32 \
+    --seq 512 --jax-variants cudnn
+# XLA's GEMMs: its 8192^3 bfloat16 product ran at 87% of cuBLAS's rate through torch (first lease)
+step train-gpt2-cublas 170 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models gpt2 \
+    --batch 16 --seq 1024 --jax-only --jax-variants cudnn --tag no-triton-gemm \
+    --xla-flags=--xla_gpu_enable_triton_gemm=false
 step tests-models 120 "$PY" -m pytest -q -p no:cacheprovider parity_tests/models parity_tests/nn
 echo "=== done after ${SECONDS}s"

@@ -2,10 +2,10 @@
 one). Everything else in the suite runs on a GPU unchanged: ``make test TORCH=torch
 JAX='jax[cuda12]'`` on a GPU machine runs the whole suite there, these tests included.
 
-- cuDNN flash attention (``attention_implementation="cudnn"``, bfloat16): the same logits as the
-  explicit einsum path within the bfloat16 bound of ``models/test_bf16.py`` (measured on CPU:
-  bfloat16 against float32 is at most 2.9e-2 there, the bound is 5e-2), and as the float32 model
-  within that bound too. cuDNN is another kernel over the same bfloat16 inputs, so a result
+- cuDNN flash attention (``attention_implementation="cudnn"``, bfloat16), under GPT's causal
+  and BERT's padding mask: the same outputs as the explicit einsum path within the bfloat16
+  bound of ``models/test_bf16.py`` (measured on CPU: bfloat16 against float32 is at most 2.9e-2
+  there, the bound is 5e-2), and as the float32 model within that bound too. cuDNN is another kernel over the same bfloat16 inputs, so a result
   outside the bound is a wrong mask or layout, not rounding.
 - float32 parity on the GPU: jaxformer on the GPU against the torch twin on CUDA with the same
   weights, at DESIGN's 1e-5 (``conftest.py`` turns TF32 off in both frameworks).
@@ -41,18 +41,27 @@ def inputs():
     return ids, mask
 
 
-def gpt_logits(config):
-    _, model = twin_pair(tg.GPT, jg.GPT, config, randomized=True)
+def logits(family, config):
+    """Float32 logits (GPT) or sequence output (BERT) of the jitted model, and the padding mask.
+    GPT's mask reaches attention as (B, 1, T, T), BERT's padding mask as (B, 1, 1, T)."""
     ids, mask = inputs()
-    return np.asarray(jax.jit(lambda i, m: model(i, m).astype("float32"))(ids, mask)), mask
+    if family == "gpt":
+        _, model = twin_pair(tg.GPT, jg.GPT, config, randomized=True)
+        forward = jax.jit(lambda i, m: model(i, m).astype("float32"))
+    else:
+        _, model = twin_pair(tb.BertModel, jb.BertModel, config, randomized=True)
+        forward = jax.jit(lambda i, m: model(i, np.zeros_like(ids), m)[0].astype("float32"))
+    return np.asarray(forward(ids, mask)), mask
 
 
-def test_cudnn_flash_attention_in_bfloat16():
-    base = dataclasses.replace(GPTConfig.tiny(), dtype="bfloat16", dropout_rate=0.0,
+@pytest.mark.parametrize("family", ["gpt", "bert"])
+def test_cudnn_flash_attention_in_bfloat16(family):
+    cls = GPTConfig if family == "gpt" else BertConfig
+    base = dataclasses.replace(cls.tiny(), dtype="bfloat16", dropout_rate=0.0,
                                attention_dropout_rate=0.0)
-    cudnn, mask = gpt_logits(dataclasses.replace(base, attention_implementation="cudnn"))
-    einsum, _ = gpt_logits(dataclasses.replace(base, attention_implementation="einsum"))
-    exact, _ = gpt_logits(dataclasses.replace(base, dtype="float32"))
+    cudnn, mask = logits(family, dataclasses.replace(base, attention_implementation="cudnn"))
+    einsum, _ = logits(family, dataclasses.replace(base, attention_implementation="einsum"))
+    exact, _ = logits(family, dataclasses.replace(base, dtype="float32"))
     real = mask.astype(bool)
     assert np.isfinite(cudnn[real]).all()
     assert max_rel_diff(einsum, cudnn, real) <= BF16_BOUND

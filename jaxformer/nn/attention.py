@@ -27,6 +27,12 @@ def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | 
     if dropout is not None:
         raise ValueError(f"attention implementation {implementation!r} cannot apply dropout; "
                          f"use 'einsum' or 'auto'")
+    if implementation == "cudnn" and mask is not None:
+        # cuDNN takes the mask as a bias whose last two axes must be (T, S) exactly: a padding
+        # mask (B, 1, 1, S) is refused ("Bias must have same seq length as QKV"), so spell it out
+        mask = jnp.asarray(mask)
+        mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+        mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))
     return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
 
 

@@ -33,13 +33,18 @@ def cross_entropy(logits, labels, *, ignore_index: int = IGNORE_INDEX,
                          f"{tuple(logits.shape[:-1])}")
     num_classes = logits.shape[-1]
     data.check_labels("labels", labels, num_classes, ignore_index)
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    # -log p_label = logsumexp(x) - x_label: the (..., C) log-probabilities are never formed.
+    # Their array (and its gradient's) was the step's largest for a big vocabulary: with GPT-2's
+    # this form makes the loss's forward and backward 2.4x faster on a CPU (docs/performance.md).
+    x = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(x, axis=-1)
     valid = labels != ignore_index
     out_of_range = valid & ((labels < 0) | (labels >= num_classes))
-    picked = jnp.take_along_axis(log_probs, jnp.where(valid, labels, 0)[..., None], axis=-1)
-    per_target = jnp.where(out_of_range, jnp.nan, -picked[..., 0])
+    picked = jnp.take_along_axis(x, jnp.where(valid, labels, 0)[..., None], axis=-1)[..., 0]
+    per_target = jnp.where(out_of_range, jnp.nan, lse - picked)
     if label_smoothing:
-        smooth = -jnp.mean(log_probs, axis=-1)  # cross-entropy against the uniform distribution
+        # cross-entropy against the uniform distribution: -mean_c(x_c - lse)
+        smooth = lse - jnp.mean(x, axis=-1)
         per_target = (1.0 - label_smoothing) * per_target + label_smoothing * smooth
     total = jnp.sum(jnp.where(valid, per_target, 0.0))
     return total / jnp.maximum(jnp.sum(valid), 1)
