@@ -332,8 +332,8 @@ def parse_args(argv=None):
                    help="no torch candidate: jaxformer and its --jax-variants, jaxformer the "
                         "baseline")
     p.add_argument("--profile", default=None, metavar="DIR",
-                   help="write a jax.profiler trace (with a Perfetto trace.json.gz) of two steps of "
-                        "each jaxformer candidate under DIR/MODEL/CANDIDATE")
+                   help="write a jax.profiler trace (with a Perfetto trace.json.gz) of two steps "
+                        "of each jaxformer candidate under DIR/MODEL/CANDIDATE")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.jax_variants = [v.strip() for v in args.jax_variants.split(",") if v.strip()]

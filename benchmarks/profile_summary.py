@@ -69,7 +69,8 @@ def summarize(trace: Path, top: int) -> dict:
         span = max(e["ts"] + e["dur"] for e in evs) - min(e["ts"] for e in evs)
         lane = {"process": process, "thread": thread, "events": len(evs), "busy_us": busy,
                 "span_us": span,
-                "top": [{"name": n, "us": t, "share": t / busy} for n, t in by_name.most_common(top)]}
+                "top": [{"name": n, "us": t, "share": t / busy}
+                        for n, t in by_name.most_common(top)]}
         if "gpu" in process.lower() or "device" in process.lower():
             kinds = collections.Counter()
             for n, t in by_name.items():

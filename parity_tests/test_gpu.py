@@ -5,8 +5,9 @@ JAX='jax[cuda12]'`` on a GPU machine runs the whole suite there, these tests inc
 - cuDNN flash attention (``attention_implementation="cudnn"``, bfloat16), under GPT's causal
   and BERT's padding mask: the same outputs as the explicit einsum path within the bfloat16
   bound of ``models/test_bf16.py`` (measured on CPU: bfloat16 against float32 is at most 2.9e-2
-  there, the bound is 5e-2), and as the float32 model within that bound too. cuDNN is another kernel over the same bfloat16 inputs, so a result
-  outside the bound is a wrong mask or layout, not rounding.
+  there, the bound is 5e-2), and as the float32 model within that bound too. cuDNN is another
+  kernel over the same bfloat16 inputs, so a result outside the bound is a wrong mask or layout,
+  not rounding.
 - float32 parity on the GPU: jaxformer on the GPU against the torch twin on CUDA with the same
   weights, at DESIGN's 1e-5 (``conftest.py`` turns TF32 off in both frameworks).
 """
