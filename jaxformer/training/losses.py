@@ -34,8 +34,9 @@ def cross_entropy(logits, labels, *, ignore_index: int = IGNORE_INDEX,
     num_classes = logits.shape[-1]
     data.check_labels("labels", labels, num_classes, ignore_index)
     # -log p_label = logsumexp(x) - x_label: the (..., C) log-probabilities are never formed.
-    # Their array (and its gradient's) was the step's largest for a big vocabulary: with GPT-2's
-    # this form makes the loss's forward and backward 2.4x faster on a CPU (docs/performance.md).
+    # With GPT-2's vocabulary their array (and its gradient's) is the largest a step makes; this
+    # form takes the loss's forward and backward 2.4x faster on a CPU, alone (in a whole step the
+    # LM head's products dominate: docs/performance.md).
     x = logits.astype(jnp.float32)
     lse = jax.nn.logsumexp(x, axis=-1)
     valid = labels != ignore_index
