@@ -34,9 +34,10 @@ FLOPs: ``jaxformer.models.flops.train_step_flops`` (3 x forward, the MLM head at
 it runs at).
 
 ``--jax-variants`` adds jaxformer steps built with other computation switches (attention
-implementation, remat, scanned layers, matmul precision) to the same interleaved rounds, for the
-experiments recorded in results/ (``--jax-only`` leaves torch out); XLA flags need a process
-each (``--xla-flags ... --tag ...``). ``--profile DIR`` writes a ``jax.profiler`` trace of two
+implementation, remat, scanned layers, matmul precision, XLA compiler options such as
+``no-triton-gemm``; several joined by ``+``) to the same interleaved rounds, for the experiments
+recorded in results/ (``--jax-only`` leaves torch out); XLA flags that are not compiler options
+need a process each (``--xla-flags ... --tag ...``). ``--profile DIR`` writes a ``jax.profiler`` trace of two
 steps of each jaxformer candidate after the timed rounds, which ``profile_summary.py`` sums by
 kernel. Memory: GPT-2 with its three candidates holds about 10 GB; each extra variant ~3 GB.
 On a shared machine time one thread in process CPU time (``taskset -c 1 ... --threads 1
@@ -82,7 +83,22 @@ VARIANTS = {
     "precision-default": dict(precision="default"),
     # runtime switches (jaxformer.runtime), set around each of the variant's calls
     "xla-weight-grads": dict(env={"JAXFORMER_CPU_WEIGHT_GRADIENTS": "0"}),
+    # XLA options the step is compiled with (TrainStep's compiler_options; the runtime's own
+    # choice is the base step's): XLA's Triton GEMM kernels on, or off (products to cuBLAS)
+    "triton-gemm": dict(compiler_options={"xla_gpu_enable_triton_gemm": True}),
+    "no-triton-gemm": dict(compiler_options={"xla_gpu_enable_triton_gemm": False}),
 }
+SWITCHES = ("precision", "env")  # a variant's keys that are not config fields
+
+
+def variant(name: str) -> dict:
+    """``--jax-variants`` entry ``name``: one of VARIANTS, or several joined by ``+``
+    (``cudnn+no-triton-gemm``), their fields merged."""
+    merged: dict = {}
+    for part in name.split("+"):
+        for key, value in VARIANTS[part].items():
+            merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
+    return merged
 # One step from the same weights: the tolerance table's 1e-5 (docs/design.md) in float32; in
 # bfloat16 (torch_ref under autocast) the JAX-vs-autocast loss bound of
 # parity_tests/models/test_autocast.py, the sum of the two frameworks' own measured bfloat16 errors
@@ -210,12 +226,14 @@ def bench_workload(name, args, bench):
     for v in args.jax_variants:
         # The base step's weights, through the torch layout: a scanned stack initialises its
         # stacked parameters from other random draws than the unrolled one.
-        fields = {k: x for k, x in VARIANTS[v].items() if k not in ("precision", "env")}
-        variant = jax_step.build_model(family, dataclasses.replace(cfg, **fields), tc.seed)
-        convert.torch_to_nnx(convert.nnx_to_torch(jax_steps["jaxformer"][0].model), variant)
-        jax_steps[f"jaxformer {v}"] = (jax_step.TrainStep(family, variant, tc),
-                                       {k: x for k, x in VARIANTS[v].items()
-                                        if k in ("precision", "env")} or None)
+        spec_v = variant(v)
+        fields = {k: x for k, x in spec_v.items() if k not in (*SWITCHES, "compiler_options")}
+        model = jax_step.build_model(family, dataclasses.replace(cfg, **fields), tc.seed)
+        convert.torch_to_nnx(convert.nnx_to_torch(jax_steps["jaxformer"][0].model), model)
+        step = jax_step.TrainStep(family, model, tc,
+                                  compiler_options=spec_v.get("compiler_options"))
+        jax_steps[f"jaxformer {v}"] = (step, {k: x for k, x in spec_v.items()
+                                              if k in SWITCHES} or None)
     trainers = {k: t for k, (t, _) in jax_steps.items()}
     if not args.jax_only:
         trainers["torch_ref eager"] = build("torch")
@@ -326,7 +344,8 @@ def parse_args(argv=None):
                    help="config.attention_implementation of every candidate (torch_ref: einsum "
                         "is its explicit path, every other value SDPA)")
     p.add_argument("--jax-variants", default="",
-                   help="extra jaxformer candidates, comma-separated: " + ", ".join(VARIANTS))
+                   help="extra jaxformer candidates, comma-separated, each one of these or "
+                        "several joined by '+' (cudnn+no-triton-gemm): " + ", ".join(VARIANTS))
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile candidate")
     p.add_argument("--jax-only", action="store_true",
                    help="no torch candidate: jaxformer and its --jax-variants, jaxformer the "
@@ -341,8 +360,10 @@ def parse_args(argv=None):
         if m not in WORKLOADS:
             p.error(f"unknown model {m!r}; choose from {', '.join(WORKLOADS)}")
     for v in args.jax_variants:
-        if v not in VARIANTS:
-            p.error(f"unknown jax variant {v!r}; choose from {', '.join(VARIANTS)}")
+        for part in v.split("+"):
+            if part not in VARIANTS:
+                p.error(f"unknown jax variant {part!r} in {v!r}; choose from "
+                        f"{', '.join(VARIANTS)}")
     if args.quick:
         args.repeats, args.warmup = min(args.repeats, 2), min(args.warmup, 1)
         args.peak_size, args.peak_repeats = args.peak_size or 256, min(args.peak_repeats, 2)

@@ -17,7 +17,8 @@
 # GPT-2 small (XLA's attention, then cuDNN's); the training step of GPT-2 small in bfloat16 at
 # 16 x 1024 (jaxformer with XLA's and with cuDNN's attention, torch_ref eager, torch.compile:
 # MFU; a profile of the jaxformer steps, summed by kernel); BERT-base's training step in bfloat16
-# at 32 x 512; GPT-2's step again with XLA's Triton GEMMs off; the model parity files.
+# at 32 x 512 (and its profile); GPT-2's step with XLA's Triton GEMMs on and off; the model
+# parity files.
 # The first lease (docs/performance.md, "On a GPU") found the training steps with torch.compile
 # need more than 200 s each: give the run its whole deadline.
 set -u
@@ -66,10 +67,14 @@ step train-gpt2 250 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models gpt2 
 step profile-gpt2 40 "$PY" benchmarks/profile_summary.py "$OUT/profile/gpt2/jaxformer-cudnn" \
     --json "$OUT/profile-gpt2-cudnn.json"
 step train-bert 270 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models bert --batch 32 \
-    --seq 512 --jax-variants cudnn
-# XLA's GEMMs: its 8192^3 bfloat16 product ran at 87% of cuBLAS's rate through torch (first lease)
-step train-gpt2-cublas 170 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models gpt2 \
-    --batch 16 --seq 1024 --jax-only --jax-variants cudnn --tag no-triton-gemm \
-    --xla-flags=--xla_gpu_enable_triton_gemm=false
+    --seq 512 --jax-variants cudnn,triton-gemm --profile "$OUT/profile"
+step profile-bert 40 "$PY" benchmarks/profile_summary.py "$OUT/profile/bert/jaxformer-cudnn" \
+    --json "$OUT/profile-bert-cudnn.json"
+# XLA's GEMMs: its 8192^3 bfloat16 product ran at 87% of cuBLAS's rate through torch (first
+# lease); jaxformer's step turns its Triton GEMMs off on a GPU (jaxformer.runtime), the
+# triton-gemm variants turn them back on, in the same rounds
+step train-gpt2-triton 150 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models gpt2 \
+    --batch 16 --seq 1024 --jax-only --jax-variants triton-gemm,cudnn,cudnn+triton-gemm \
+    --tag triton-gemm
 step tests-models 120 "$PY" -m pytest -q -p no:cacheprovider parity_tests/models parity_tests/nn
 echo "=== done after ${SECONDS}s"

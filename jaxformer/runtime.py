@@ -20,6 +20,10 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
 - :func:`initializer_compiler_options`: a model's initialiser is compiled with LLVM at
   optimisation level 1 on the CPU backend (half the compile time of a small model's start-up;
   the same parameters bit for bit); ``JAXFORMER_FAST_INITIALIZER=0`` turns it off.
+- :func:`train_compiler_options`: XLA options for compiling the training step. On the GPU
+  backend XLA's own Triton GEMM kernels are turned off, so that its products go to cuBLAS (a
+  GPT-2 small step in bfloat16 on an H200: see docs/performance.md); ``JAXFORMER_TRITON_GEMM=1``
+  keeps XLA's choice. Nothing on the CPU (the option is the GPU compiler's).
 - :func:`enable_compilation_cache`: XLA's persistent compilation cache, so a second run of the
   same program skips compiling (``jaxformer train`` and the benchmarks turn it on; the library
   never does on import). Directory: ``$JAXFORMER_COMPILATION_CACHE``, else
@@ -80,6 +84,14 @@ def initializer_compiler_options() -> dict | None:
     if _env_switch("JAXFORMER_FAST_INITIALIZER") is False or jax.default_backend() != "cpu":
         return None
     return {"xla_backend_optimization_level": 1}
+
+
+def train_compiler_options() -> dict | None:
+    """XLA options for the training step's programs (``training.step.TrainStep``), read when
+    the step is built: see the module docstring."""
+    if jax.default_backend() != "gpu" or _env_switch("JAXFORMER_TRITON_GEMM"):
+        return None
+    return {"xla_gpu_enable_triton_gemm": False}
 
 
 @functools.lru_cache(maxsize=1)

@@ -87,10 +87,13 @@ class TrainStep:
     process feeding its own rows), and the compiled step keeps every output where its input was;
     XLA's partitioner inserts the collectives. The losses equal the one-device run's up to the
     order of float32 sums. ``mesh`` None: one device.
+
+    ``compiler_options``: XLA options for the step's programs; None takes the runtime's
+    (``jaxformer.runtime.train_compiler_options``), ``{}`` none at all.
     """
 
     def __init__(self, family: str, model: _TrainableModel, config: TrainConfig,
-                 mesh: jax.sharding.Mesh | None = None):
+                 mesh: jax.sharding.Mesh | None = None, compiler_options: dict | None = None):
         self.family, self.config, self.model, self.mesh = family, config, model, mesh
         runtime.tune_allocator()  # CPU backend: keep XLA's freed scratch memory (glibc)
         self.task = tasks.get(family)
@@ -113,7 +116,8 @@ class TrainStep:
         self._treedefs = tuple(jax.tree.structure(t) for t in (params, opt_state, rest))
         self._leaves = [jax.tree.leaves(t) for t in (params, opt_state, rest)]
         self.step = 0
-        placement: dict[str, Any] = {}
+        placement: dict[str, Any] = {"compiler_options": (
+            runtime.train_compiler_options() if compiler_options is None else compiler_options)}
         if mesh is not None:  # every output stays where its input was
             placement["out_shardings"] = (*(jax.tree.leaves(sharding.shardings(tree, mesh))
                                             for tree in (params, opt_state, rest)),
@@ -122,10 +126,11 @@ class TrainStep:
                                          self._treedefs, 3),
                               donate_argnums=(0, 1, 2), **placement)
         on_eval = (self._treedefs[0], self._treedefs[2])
+        options = {"compiler_options": placement["compiler_options"]}
         self._eval = jax.jit(_on_leaves(_eval_fn(self.task.loss, eval_graphdef, config),
-                                        on_eval, 0))
+                                        on_eval, 0), **options)
         self._accuracy = (jax.jit(_on_leaves(_eval_fn(self.task.accuracy, eval_graphdef, config),
-                                             on_eval, 0))
+                                             on_eval, 0), **options)
                           if self.task.accuracy else None)
 
     def _tree(self, i: int):
