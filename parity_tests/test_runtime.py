@@ -7,6 +7,8 @@
   fresh interpreter (the settings are per process).
 - A resumed run's state (a checkpoint's arrays, committed to their device) lowers to the same
   program as a fresh run's, so resuming finds the compiled update in the compilation cache.
+- The fast initialiser gives the same parameters; a small embedding table read by selection
+  gives the gathered rows and gradient.
 """
 
 from __future__ import annotations
@@ -137,3 +139,62 @@ def test_the_fast_compiled_initialiser_gives_the_same_parameters(family, monkeyp
     assert len(got) == len(expected)
     for a, b in zip(got, expected, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def _embedding_and_gradient(table_rows: int, ids: np.ndarray, select: str, monkeypatch):
+    """An ``Embed`` of ``table_rows`` rows read at ``ids``, and the gradient of a fixed weighting
+    of what it read with respect to its table, with ``JAXFORMER_SELECT_SMALL_TABLES=select``
+    (read at trace time: each call traces anew)."""
+    from flax import nnx
+
+    from jaxformer.config import BertConfig
+    from jaxformer.nn.params import embedding
+
+    monkeypatch.setenv("JAXFORMER_SELECT_SMALL_TABLES", select)
+    table = embedding(table_rows, BertConfig.tiny(), names=("types", "embed"),
+                      rngs=nnx.Rngs(0))
+    weights = np.random.RandomState(1).standard_normal(ids.shape + (table.features,))
+
+    def loss(module):
+        return (module(ids) * weights).sum()
+
+    return np.asarray(table(ids)), np.asarray(nnx.grad(loss)(table)["embedding"][...])
+
+
+@pytest.mark.parametrize("rows", [2, runtime.SMALL_TABLE_ROWS])
+def test_a_small_table_read_by_selection_gives_the_gathered_rows(rows, monkeypatch):
+    """Off the CPU, a table of a few rows (BERT's token types) is read by selection, whose
+    gradient is a reduction per row instead of a scatter-add (on a GPU the scatter serialised:
+    docs/performance.md). Both reads give the same rows, bit for bit, NaN rows for ids out of
+    range (negative included), and the same gradient up to the order of float32 sums."""
+    ids = np.random.RandomState(0).randint(0, rows, (3, 40)).astype(np.int32)
+    selected, grad_selected = _embedding_and_gradient(rows, ids, "1", monkeypatch)
+    gathered, grad_gathered = _embedding_and_gradient(rows, ids, "0", monkeypatch)
+    np.testing.assert_array_equal(selected, gathered)
+    np.testing.assert_allclose(grad_selected, grad_gathered, rtol=1e-5, atol=1e-6)
+    assert np.abs(grad_selected).min() > 0  # every row was read
+
+    bad = np.array([[-1, 0, rows - 1, rows]], np.int32)
+    out, _ = _embedding_and_gradient(rows, bad, "1", monkeypatch)
+    assert np.isnan(out[0, [0, 3]]).all() and np.isfinite(out[0, [1, 2]]).all()
+
+
+def test_only_small_tables_are_read_by_selection(monkeypatch):
+    """The switch's default (selection off the CPU only), and a table one row over the limit
+    still gathered: its program keeps the scatter-add gradient."""
+    monkeypatch.delenv("JAXFORMER_SELECT_SMALL_TABLES", raising=False)
+    assert runtime.select_small_tables() == (jax.default_backend() != "cpu")
+    monkeypatch.setenv("JAXFORMER_SELECT_SMALL_TABLES", "1")
+    from flax import nnx
+
+    from jaxformer.config import BertConfig
+    from jaxformer.nn.params import embedding
+
+    ids = np.zeros((2, 5), np.int32)
+
+    def program(rows):
+        table = embedding(rows, BertConfig.tiny(), names=("types", "embed"), rngs=nnx.Rngs(0))
+        return jax.jit(nnx.grad(lambda m: m(ids).sum())).lower(table).as_text()
+
+    assert "scatter" not in program(runtime.SMALL_TABLE_ROWS)
+    assert "scatter" in program(runtime.SMALL_TABLE_ROWS + 1)

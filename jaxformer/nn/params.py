@@ -93,7 +93,8 @@ class Embed(nnx.Embed):
     everything that depends on it. Outside ``jit`` the models refuse such ids before computing
     (``jaxformer.validate``), as torch's ``nn.Embedding`` does;
     :func:`jaxformer.nn.jit.jitted` with ``checked=True`` turns the NaN into an error inside
-    ``jit``.
+    ``jit``. A table of a few rows is read by selection off the CPU
+    (``jaxformer.runtime.select_small_tables``): the same rows, a cheaper gradient.
     """
 
     def __call__(self, inputs):
@@ -105,8 +106,14 @@ class Embed(nnx.Embed):
         # turn a lookup split by features into one split by examples without a full copy).
         rows = (self.embedding.get_metadata().get("out_sharding") or (None,))[0]
         table = constrain(table, (rows, None))
-        return constrain(jnp.take(table, ids, axis=0, mode="fill", fill_value=jnp.nan),
-                         ("batch",) + (None,) * (ids.ndim - 1) + ("hidden",))
+        if self.num_embeddings <= runtime.SMALL_TABLE_ROWS and runtime.select_small_tables():
+            # the same rows; the gradient is a reduction per row instead of a scatter-add
+            found = sum(jnp.where((ids == k)[..., None], table[k], 0)
+                        for k in range(self.num_embeddings))
+            out = jnp.where((ids < self.num_embeddings)[..., None], found, jnp.nan)
+        else:
+            out = jnp.take(table, ids, axis=0, mode="fill", fill_value=jnp.nan)
+        return constrain(out, ("batch",) + (None,) * (ids.ndim - 1) + ("hidden",))
 
 
 def embedding(num_embeddings: int, config, *, names: tuple[str, str],
