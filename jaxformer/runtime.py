@@ -17,13 +17,13 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   compiled model is built on the CPU backend (glibc only); ``JAXFORMER_TUNE_MALLOC=0`` leaves the
   allocator alone, as do ``MALLOC_*`` variables set before the process started (the user's
   settings win).
-- :func:`select_small_tables`: an embedding table of at most ``SMALL_TABLE_ROWS`` rows (BERT's
-  two token types) is read by selecting among its rows (``where``) instead of gathering. The
-  gradient of a gather is a scatter-add, and on a GPU XLA's scatter-add of 16,384 rows into two
-  serialised on atomic adds: 29 ms of a 64 ms BERT-base step at 32 x 512 on an H200; the
-  selection's gradient is one reduction per row. Off the CPU backend (there the gather's
-  scatter is a plain loop and the selection is slower); ``JAXFORMER_SELECT_SMALL_TABLES=0``
-  turns it off, ``=1`` forces it.
+- :func:`select_small_tables`: the gradient of an embedding table of at most
+  ``SMALL_TABLE_ROWS`` rows (BERT's two token types) is one masked sum per row (float32) instead
+  of the gather's usual scatter-add. On a GPU XLA's scatter-add of 16,384 rows into two
+  serialised on atomic adds: 29 ms of a 64 ms BERT-base step at 32 x 512 on an H200. The lookup
+  itself stays a gather (the same rows, out-of-range ids still caught by ``checked`` mode). Off
+  the CPU backend (there the scatter is a plain loop and faster than the sums);
+  ``JAXFORMER_SELECT_SMALL_TABLES=0`` turns it off, ``=1`` forces it.
 - :func:`initializer_compiler_options`: a model's initialiser is compiled with LLVM at
   optimisation level 1 on the CPU backend (half the compile time of a small model's start-up;
   the same parameters bit for bit); ``JAXFORMER_FAST_INITIALIZER=0`` turns it off.
@@ -86,8 +86,8 @@ SMALL_TABLE_ROWS = 16
 
 
 def select_small_tables() -> bool:
-    """Whether ``jaxformer.nn.params.Embed`` reads a table of at most ``SMALL_TABLE_ROWS`` rows by
-    selection (read at trace time; see the module docstring)."""
+    """Whether ``jaxformer.nn.params.Embed`` takes the gradient of a table of at most
+    ``SMALL_TABLE_ROWS`` rows as masked sums (read at trace time; see the module docstring)."""
     forced = _env_switch("JAXFORMER_SELECT_SMALL_TABLES")
     if forced is not None:
         return forced

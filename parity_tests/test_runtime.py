@@ -7,8 +7,8 @@
   fresh interpreter (the settings are per process).
 - A resumed run's state (a checkpoint's arrays, committed to their device) lowers to the same
   program as a fresh run's, so resuming finds the compiled update in the compilation cache.
-- The fast initialiser gives the same parameters; a small embedding table read by selection
-  gives the gathered rows and gradient.
+- The fast initialiser gives the same parameters; a small embedding table's gradient taken as
+  masked sums equals the scatter-add's.
 """
 
 from __future__ import annotations
@@ -162,11 +162,11 @@ def _embedding_and_gradient(table_rows: int, ids: np.ndarray, select: str, monke
 
 
 @pytest.mark.parametrize("rows", [2, runtime.SMALL_TABLE_ROWS])
-def test_a_small_table_read_by_selection_gives_the_gathered_rows(rows, monkeypatch):
-    """Off the CPU, a table of a few rows (BERT's token types) is read by selection, whose
-    gradient is a reduction per row instead of a scatter-add (on a GPU the scatter serialised:
-    docs/performance.md). Both reads give the same rows, bit for bit, NaN rows for ids out of
-    range (negative included), and the same gradient up to the order of float32 sums."""
+def test_a_small_tables_gradient_as_sums_equals_the_scatter(rows, monkeypatch):
+    """Off the CPU, the gradient of a table of a few rows (BERT's token types) is a masked sum
+    per row instead of a scatter-add (on a GPU the scatter serialised: docs/performance.md).
+    Both give the same rows, bit for bit, NaN rows for ids out of range (negative included), and
+    the same gradient up to the order of float32 sums."""
     ids = np.random.RandomState(0).randint(0, rows, (3, 40)).astype(np.int32)
     selected, grad_selected = _embedding_and_gradient(rows, ids, "1", monkeypatch)
     gathered, grad_gathered = _embedding_and_gradient(rows, ids, "0", monkeypatch)
@@ -179,9 +179,9 @@ def test_a_small_table_read_by_selection_gives_the_gathered_rows(rows, monkeypat
     assert np.isnan(out[0, [0, 3]]).all() and np.isfinite(out[0, [1, 2]]).all()
 
 
-def test_only_small_tables_are_read_by_selection(monkeypatch):
-    """The switch's default (selection off the CPU only), and a table one row over the limit
-    still gathered: its program keeps the scatter-add gradient."""
+def test_only_small_tables_take_the_summed_gradient(monkeypatch):
+    """The switch's default (off the CPU only), a small table's gradient program without a
+    scatter, and a table one row over the limit keeping the scatter-add."""
     monkeypatch.delenv("JAXFORMER_SELECT_SMALL_TABLES", raising=False)
     assert runtime.select_small_tables() == (jax.default_backend() != "cpu")
     monkeypatch.setenv("JAXFORMER_SELECT_SMALL_TABLES", "1")

@@ -93,8 +93,8 @@ class Embed(nnx.Embed):
     everything that depends on it. Outside ``jit`` the models refuse such ids before computing
     (``jaxformer.validate``), as torch's ``nn.Embedding`` does;
     :func:`jaxformer.nn.jit.jitted` with ``checked=True`` turns the NaN into an error inside
-    ``jit``. A table of a few rows is read by selection off the CPU
-    (``jaxformer.runtime.select_small_tables``): the same rows, a cheaper gradient.
+    ``jit``. Off the CPU, the gradient of a table of a few rows is a masked sum per row instead of
+    a scatter-add (``jaxformer.runtime.select_small_tables``).
     """
 
     def __call__(self, inputs):
@@ -107,13 +107,36 @@ class Embed(nnx.Embed):
         rows = (self.embedding.get_metadata().get("out_sharding") or (None,))[0]
         table = constrain(table, (rows, None))
         if self.num_embeddings <= runtime.SMALL_TABLE_ROWS and runtime.select_small_tables():
-            # the same rows; the gradient is a reduction per row instead of a scatter-add
-            found = sum(jnp.where((ids == k)[..., None], table[k], 0)
-                        for k in range(self.num_embeddings))
-            out = jnp.where((ids < self.num_embeddings)[..., None], found, jnp.nan)
+            out = _small_table_take(table, ids)
         else:
-            out = jnp.take(table, ids, axis=0, mode="fill", fill_value=jnp.nan)
+            out = _take(table, ids)
         return constrain(out, ("batch",) + (None,) * (ids.ndim - 1) + ("hidden",))
+
+
+def _take(table, ids):
+    return jnp.take(table, ids, axis=0, mode="fill", fill_value=jnp.nan)
+
+
+@jax.custom_vjp
+def _small_table_take(table, ids):
+    """``_take``, whose gradient is one masked sum per row instead of a scatter-add (see
+    ``jaxformer.runtime.select_small_tables``), accumulated in float32."""
+    return _take(table, ids)
+
+
+def _small_table_take_fwd(table, ids):
+    return _take(table, ids), (ids, jnp.zeros((table.shape[0], 0), table.dtype))
+
+
+def _small_table_take_bwd(residuals, g):
+    ids, like = residuals
+    axes = tuple(range(ids.ndim))
+    rows = [jnp.where((ids == k)[..., None], g, 0).sum(axes, dtype=jnp.float32)
+            for k in range(like.shape[0])]
+    return jnp.stack(rows).astype(like.dtype), None
+
+
+_small_table_take.defvjp(_small_table_take_fwd, _small_table_take_bwd)
 
 
 def embedding(num_embeddings: int, config, *, names: tuple[str, str],
