@@ -80,6 +80,7 @@ JAX_ONLY = {
     "training/tasks/": "framework-free objectives (dataset, loss name, model name): both twins "
                        "select the same Task by its key",
     "training/loop.py": "one training loop that drives either framework's step",
+    "training/options.py": "the options and the result of that loop (either framework)",
     "training/interrupts.py": "how `jaxformer train` answers SIGINT/SIGTERM (either framework)",
     "training/rundir.py": "the run directory of `jaxformer train` (files, no model)",
     "training/init.py": "`train --init-from`: a checkpoint's numpy state dict matched to the "
@@ -157,6 +158,9 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
             "trains sharded over a device mesh (jaxformer.sharding); the torch twin is the "
             "one-device reference the sharded losses are held to",
         (JAX, "TrainStep.mesh (attribute)"): "the mesh given, or None for one device",
+        (JAX, "TrainStep.__init__(compiler_options)"):
+            "XLA's options for compiling the step (jaxformer.runtime's per-backend choice by "
+            "default); torch's eager step compiles nothing",
         (JAX, "TrainStep._params (attribute)"):
             "the parameter tree, rebuilt from the leaf lists the compiled update takes (torch "
             "keeps its state in the module and optimizer)",
