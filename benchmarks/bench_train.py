@@ -37,11 +37,12 @@ it runs at).
 implementation, remat, scanned layers, matmul precision, XLA compiler options such as
 ``no-triton-gemm``; several joined by ``+``) to the same interleaved rounds, for the experiments
 recorded in results/ (``--jax-only`` leaves torch out); XLA flags that are not compiler options
-need a process each (``--xla-flags ... --tag ...``). ``--profile DIR`` writes a ``jax.profiler`` trace of two
-steps of each jaxformer candidate after the timed rounds, which ``profile_summary.py`` sums by
-kernel. Memory: GPT-2 with its three candidates holds about 10 GB; each extra variant ~3 GB.
-On a shared machine time one thread in process CPU time (``taskset -c 1 ... --threads 1
---clock cpu``, benchmarks/README.md); a GPT-2 step then takes 13-19 s of CPU.
+need a process each (``--xla-flags ... --tag ...``). ``--profile DIR`` writes a ``jax.profiler``
+trace of two steps of each jaxformer candidate after the timed rounds, which
+``profile_summary.py`` sums by kernel. Memory: GPT-2 with its three candidates holds about
+10 GB; each extra variant ~3 GB. On a shared machine time one thread in process CPU time
+(``taskset -c 1 ... --threads 1 --clock cpu``, benchmarks/README.md); a GPT-2 step then takes
+13-19 s of CPU.
 
     python benchmarks/bench_train.py                      # both models, 5 rounds (minutes)
     python benchmarks/bench_train.py --quick --no-save    # tiny models: a smoke run (minutes:
