@@ -96,10 +96,10 @@ def select_small_tables() -> bool:
 
 def initializer_compiler_options() -> dict | None:
     """XLA options for compiling a model's initialiser (``training.step.build_model``): on the CPU
-    backend, LLVM at optimisation level 1 instead of 2. The initialiser runs once; compiling it
-    is most of a small model's start-up (a tiny model's 4.9 s -> 2.5 s), and its parameters are
-    the same bit for bit (``parity_tests/test_runtime.py``). ``JAXFORMER_FAST_INITIALIZER=0``
-    compiles it as everything else."""
+    backend, LLVM at optimisation level 1 instead of XLA's 3. The initialiser runs once;
+    compiling it is most of a small model's start-up (a tiny model's 4.9 s -> 2.5 s), and its
+    parameters are the same bit for bit (``parity_tests/test_runtime.py``).
+    ``JAXFORMER_FAST_INITIALIZER=0`` compiles it as everything else."""
     if _env_switch("JAXFORMER_FAST_INITIALIZER") is False or jax.default_backend() != "cpu":
         return None
     return {"xla_backend_optimization_level": 1}
