@@ -6,6 +6,8 @@ names. Twin: ``torch_ref/nn/params.py``.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -107,7 +109,7 @@ class Embed(nnx.Embed):
         rows = (self.embedding.get_metadata().get("out_sharding") or (None,))[0]
         table = constrain(table, (rows, None))
         if self.num_embeddings <= runtime.SMALL_TABLE_ROWS and runtime.select_small_tables():
-            out = _small_table_take(table, ids)
+            out = _small_table_take(self.num_embeddings, table, ids)
         else:
             out = _take(table, ids)
         return constrain(out, ("batch",) + (None,) * (ids.ndim - 1) + ("hidden",))
@@ -117,23 +119,22 @@ def _take(table, ids):
     return jnp.take(table, ids, axis=0, mode="fill", fill_value=jnp.nan)
 
 
-@jax.custom_vjp
-def _small_table_take(table, ids):
-    """``_take``, whose gradient is one masked sum per row instead of a scatter-add (see
-    ``jaxformer.runtime.select_small_tables``), accumulated in float32."""
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _small_table_take(rows: int, table, ids):
+    """``_take`` of a table of ``rows`` rows, whose gradient is one masked sum per row instead
+    of a scatter-add (see ``jaxformer.runtime.select_small_tables``), accumulated in float32."""
     return _take(table, ids)
 
 
-def _small_table_take_fwd(table, ids):
-    return _take(table, ids), (ids, jnp.zeros((table.shape[0], 0), table.dtype))
+def _small_table_take_fwd(rows, table, ids):
+    return _take(table, ids), ids
 
 
-def _small_table_take_bwd(residuals, g):
-    ids, like = residuals
+def _small_table_take_bwd(rows, ids, g):
     axes = tuple(range(ids.ndim))
-    rows = [jnp.where((ids == k)[..., None], g, 0).sum(axes, dtype=jnp.float32)
-            for k in range(like.shape[0])]
-    return jnp.stack(rows).astype(like.dtype), None
+    sums = [jnp.where((ids == k)[..., None], g, 0).sum(axes, dtype=jnp.float32)
+            for k in range(rows)]
+    return jnp.stack(sums).astype(g.dtype), None
 
 
 _small_table_take.defvjp(_small_table_take_fwd, _small_table_take_bwd)

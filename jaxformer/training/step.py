@@ -116,21 +116,22 @@ class TrainStep:
         self._treedefs = tuple(jax.tree.structure(t) for t in (params, opt_state, rest))
         self._leaves = [jax.tree.leaves(t) for t in (params, opt_state, rest)]
         self.step = 0
-        placement: dict[str, Any] = {"compiler_options": (
-            runtime.train_compiler_options() if compiler_options is None else compiler_options)}
+        if compiler_options is None:
+            compiler_options = runtime.train_compiler_options()
+        placement: dict[str, Any] = {}
         if mesh is not None:  # every output stays where its input was
             placement["out_shardings"] = (*(jax.tree.leaves(sharding.shardings(tree, mesh))
                                             for tree in (params, opt_state, rest)),
                                           sharding.replicated(mesh))
         self._train = jax.jit(_on_leaves(_train_fn(self.task, graphdef, self._tx, config),
                                          self._treedefs, 3),
-                              donate_argnums=(0, 1, 2), **placement)
+                              donate_argnums=(0, 1, 2), compiler_options=compiler_options,
+                              **placement)
         on_eval = (self._treedefs[0], self._treedefs[2])
-        options = {"compiler_options": placement["compiler_options"]}
         self._eval = jax.jit(_on_leaves(_eval_fn(self.task.loss, eval_graphdef, config),
-                                        on_eval, 0), **options)
+                                        on_eval, 0), compiler_options=compiler_options)
         self._accuracy = (jax.jit(_on_leaves(_eval_fn(self.task.accuracy, eval_graphdef, config),
-                                             on_eval, 0), **options)
+                                             on_eval, 0), compiler_options=compiler_options)
                           if self.task.accuracy else None)
 
     def _tree(self, i: int):
