@@ -78,6 +78,9 @@ VARIANTS = {
     "xla": dict(attention_implementation="xla"),
     "einsum": dict(attention_implementation="einsum"),
     "cudnn": dict(attention_implementation="cudnn"),  # GPU only: cuDNN flash attention
+    # cuDNN attention with every mask as an additive bias (before its own mask types were used)
+    "cudnn-bias": dict(attention_implementation="cudnn",
+                       env={"JAXFORMER_CUDNN_MASK_TYPES": "0"}),
     "scan": dict(scan_layers=True),
     "remat-full": dict(remat="full"),
     "remat-dots": dict(remat="dots_saveable"),

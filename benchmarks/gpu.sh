@@ -14,10 +14,11 @@
 # Steps: the versions and the card; the GPU-marked tests (cuDNN flash attention, float32 parity
 # against CUDA torch); the main job (`jaxformer parity`) on the GPU; greedy decoding of GPT-2
 # small (batch 1 and 8, float32, against Hugging Face); the bfloat16 forward of BERT-base and
-# GPT-2 small (XLA's attention, then cuDNN's); the training step of GPT-2 small in bfloat16 at
-# 16 x 1024 (jaxformer with XLA's and with cuDNN's attention, torch_ref eager, torch.compile:
-# MFU; a profile of the jaxformer steps, summed by kernel); BERT-base's training step in bfloat16
-# at 32 x 512 (and its profile); GPT-2's step with XLA's Triton GEMMs on and off; the model
+# GPT-2 small (the default attention, cuDNN's in bfloat16 on a GPU, then XLA's); the training
+# step of GPT-2 small in bfloat16 at 16 x 1024 (jaxformer by default, with XLA's attention and
+# with cuDNN's taking every mask as a bias, torch_ref eager, torch.compile: MFU; a profile of the
+# jaxformer steps, summed by kernel); BERT-base's training step in bfloat16 at 32 x 512 (the
+# same candidates, and its profile); GPT-2's step with XLA's Triton GEMMs on and off; the model
 # parity files.
 # The first lease (docs/performance.md, "On a GPU") found the training steps with torch.compile
 # need more than 200 s each: give the run its whole deadline.
@@ -54,27 +55,27 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm 
 torch.cuda.is_available())" >>"$OUT/card.txt" 2>&1
 cat "$OUT/card.txt"
 
-step tests-gpu 60 "$PY" -m pytest -q -p no:cacheprovider parity_tests/test_gpu.py
+step tests-gpu 120 "$PY" -m pytest -q -p no:cacheprovider parity_tests/test_gpu.py
 step parity 60 "$PY" -m jaxformer.cli parity
 step decode 90 "$PY" benchmarks/bench_decode.py --device gpu --matmul-precision default \
     --out "$OUT" --batches 1,8 --new 128 --repeats 5
 step forward 60 "$PY" benchmarks/bench_forward.py "${BF16[@]}" --models bert,gpt2 --batch 32 \
     --seq 512 --repeats 10
-step forward-cudnn 60 "$PY" benchmarks/bench_forward.py "${BF16[@]}" --models bert,gpt2 \
-    --batch 32 --seq 512 --repeats 10 --attention-implementation cudnn --tag cudnn
+step forward-xla 60 "$PY" benchmarks/bench_forward.py "${BF16[@]}" --models bert,gpt2 \
+    --batch 32 --seq 512 --repeats 10 --attention-implementation xla --tag xla
 step train-gpt2 250 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models gpt2 --batch 16 \
-    --seq 1024 --jax-variants cudnn --profile "$OUT/profile"
-step profile-gpt2 40 "$PY" benchmarks/profile_summary.py "$OUT/profile/gpt2/jaxformer-cudnn" \
-    --json "$OUT/profile-gpt2-cudnn.json"
+    --seq 1024 --jax-variants xla,cudnn-bias --profile "$OUT/profile"
+step profile-gpt2 40 "$PY" benchmarks/profile_summary.py "$OUT/profile/gpt2/jaxformer" \
+    --json "$OUT/profile-gpt2.json"
 step train-bert 270 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models bert --batch 32 \
-    --seq 512 --jax-variants cudnn --profile "$OUT/profile"
-step profile-bert 40 "$PY" benchmarks/profile_summary.py "$OUT/profile/bert/jaxformer-cudnn" \
-    --json "$OUT/profile-bert-cudnn.json"
+    --seq 512 --jax-variants xla,cudnn-bias --profile "$OUT/profile"
+step profile-bert 40 "$PY" benchmarks/profile_summary.py "$OUT/profile/bert/jaxformer" \
+    --json "$OUT/profile-bert.json"
 # XLA's GEMMs: its 8192^3 bfloat16 product ran at 87% of cuBLAS's rate through torch (first
 # lease); jaxformer's step turns its Triton GEMMs off on a GPU (jaxformer.runtime), the
 # triton-gemm variants turn them back on, in the same rounds
 step train-gpt2-triton 230 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models gpt2 \
-    --batch 16 --seq 1024 --jax-only --jax-variants triton-gemm,cudnn,cudnn+triton-gemm \
+    --batch 16 --seq 1024 --jax-only --jax-variants triton-gemm,xla,xla+triton-gemm \
     --tag triton-gemm
 step tests-models 120 "$PY" -m pytest -q -p no:cacheprovider parity_tests/models parity_tests/nn
 echo "=== done after ${SECONDS}s"

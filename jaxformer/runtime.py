@@ -24,6 +24,15 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   itself stays a gather (the same rows, out-of-range ids still caught by ``checked`` mode). Off
   the CPU backend (there the scatter is a plain loop and faster than the sums);
   ``JAXFORMER_SELECT_SMALL_TABLES=0`` turns it off, ``=1`` forces it.
+- :func:`cudnn_attention`: ``attention_implementation="auto"`` takes cuDNN's fused (flash)
+  attention for bfloat16 and float16 on a CUDA GPU of compute capability 8.0 or more, where
+  cuDNN accepts the call (else XLA's, as on every other backend); ``JAXFORMER_CUDNN_ATTENTION=0``
+  keeps XLA's, ``=1`` tries cuDNN whatever the device.
+- :func:`cudnn_mask_types`: cuDNN attention runs a mask that is causal, right padding of the
+  keys, or both, as cuDNN's own mask types (the causal one skips the blocks above the diagonal)
+  instead of an additive bias, whose gradient cuDNN then computes too (the pattern is checked on
+  the device: see ``jaxformer.nn.attention.cudnn_attention``); ``JAXFORMER_CUDNN_MASK_TYPES=0``
+  always passes the bias.
 - :func:`initializer_compiler_options`: a model's initialiser is compiled with LLVM at
   optimisation level 1 on the CPU backend (half the compile time of a small model's start-up;
   the same parameters bit for bit); ``JAXFORMER_FAST_INITIALIZER=0`` turns it off.
@@ -92,6 +101,33 @@ def select_small_tables() -> bool:
     if forced is not None:
         return forced
     return jax.default_backend() != "cpu"
+
+
+def cudnn_attention() -> bool:
+    """Whether ``attention_implementation="auto"`` tries cuDNN (read at trace time; see the
+    module docstring)."""
+    forced = _env_switch("JAXFORMER_CUDNN_ATTENTION")
+    if forced is not None:
+        return forced
+    return _cuda_compute_capability() >= (8, 0)
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_compute_capability() -> tuple[int, ...]:
+    """The first device's CUDA compute capability, ``()`` when it is not a CUDA GPU."""
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return ()
+    try:  # "9.0" on CUDA; ROCm devices name their architecture instead
+        return tuple(int(part) for part in str(device.compute_capability).split("."))
+    except (AttributeError, ValueError):
+        return ()
+
+
+def cudnn_mask_types() -> bool:
+    """Whether cuDNN attention runs causal and right-padding masks as its own mask types (read
+    at trace time; see the module docstring)."""
+    return _env_switch("JAXFORMER_CUDNN_MASK_TYPES") is not False
 
 
 def initializer_compiler_options() -> dict | None:

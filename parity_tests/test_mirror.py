@@ -122,6 +122,11 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
     "nn/attention.py": {
         (JAX, "einsum_attention(heads_first_kv)"):
             "JAX attends (B, T, nh, hs) keys, the cache holds (B, nh, L, hs); torch is heads-first",
+        (JAX, "function cudnn_attention"):
+            "jax's cuDNN kernel takes a mask as a bias or as its own mask types, chosen here; "
+            "torch's SDPA chooses among its kernels itself",
+        (JAX, "function mask_pattern"):
+            "which of cuDNN's mask types a mask is (cudnn_attention's choice)",
     },
     "training/checkpoint.py": {
         (JAX, "name COMMIT_MARKER"):

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer import runtime
 from jaxformer.nn.cache import LayerCache
 from jaxformer.nn.params import linear
 from jaxformer.numerics import MASK_VALUE
@@ -27,13 +28,70 @@ def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | 
     if dropout is not None:
         raise ValueError(f"attention implementation {implementation!r} cannot apply dropout; "
                          f"use 'einsum' or 'auto'")
-    if implementation == "cudnn" and mask is not None:
-        # cuDNN takes the mask as a bias whose last two axes must be (T, S) exactly: a padding
-        # mask (B, 1, 1, S) is refused ("Bias must have same seq length as QKV"), so spell it out
-        mask = jnp.asarray(mask)
-        mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-        mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
+    if implementation == "cudnn":
+        return cudnn_attention(q, k, v, mask)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+
+
+def cudnn_attention(q, k, v, mask, kernel=None):
+    """cuDNN's fused attention under a boolean ``mask`` (broadcastable to ``(B, nh, T, S)``).
+
+    cuDNN takes an arbitrary mask as an additive bias of shape ``(B, 1, T, S)`` exactly (a
+    padding mask ``(B, 1, 1, S)`` is refused: "Bias must have same seq length as QKV"), reads it
+    for every head and, under ``grad``, computes and writes its gradient too (jax asks for it
+    whatever the bias is). cuDNN's own mask types cost nothing of that: ``is_causal`` (which also
+    skips the key blocks above the diagonal) and key lengths (right padding). The masks this
+    library builds are mostly such: GPT's and the decoder's causal mask AND right padding, BERT's
+    and the encoder's right padding. Which one a mask is, is data (the padding comes with the
+    batch), so it is checked on the device, one comparison of the mask with each pattern (cheap
+    next to attention), and ``lax.switch`` runs the branch it selects: causal (no padding),
+    causal with key lengths, key lengths, or the bias for anything else (left padding, holes,
+    per-head masks). Each branch computes the attention the mask defines, so the choice never
+    changes what is computed, only how. A query row whose keys are all masked takes the bias
+    (its output is this library's uniform average, ``numerics.MASK_VALUE``).
+
+    ``kernel``: the attention function (``jax.nn.dot_product_attention`` with cuDNN); the tests
+    pass XLA's, which takes the same mask types, to check the branches on a CPU.
+    ``JAXFORMER_CUDNN_MASK_TYPES=0`` (``runtime.cudnn_mask_types``) always takes the bias.
+    """
+    if kernel is None:
+        kernel = functools.partial(jax.nn.dot_product_attention, implementation="cudnn")
+    call = functools.partial(kernel, q, k, v)
+    if mask is None:
+        return call()
+    B, T, S = q.shape[0], q.shape[1], k.shape[1]
+    mask = jnp.asarray(mask)
+    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+
+    def bias():
+        return call(mask=jnp.broadcast_to(mask, mask.shape[:2] + (T, S)))
+
+    if mask.shape[1] != 1 or not runtime.cudnn_mask_types():
+        return bias()
+    index, lengths = mask_pattern(mask, B, T, S)
+    branches = [bias, lambda: call(key_value_seq_lengths=lengths)]
+    if T == S:
+        branches += [lambda: call(is_causal=True, key_value_seq_lengths=lengths),
+                     lambda: call(is_causal=True)]
+    return jax.lax.switch(index, branches)
+
+
+def mask_pattern(mask, B: int, T: int, S: int) -> tuple[jax.Array, jax.Array]:
+    """Which of ``cudnn_attention``'s branches computes boolean ``mask`` ``(B or 1, 1, T or 1,
+    S)``: ``(index, lengths)``, ``lengths`` ``(B,)`` int32 the real keys of each row (those the
+    last query sees), ``index`` 0 anything else (the bias), 1 right padding of the keys, the
+    same for every query, and, only when ``T == S``, 2 causal AND right padding, 3 causal alone.
+    Every row must keep at least one key for 1-3."""
+    full = jnp.broadcast_to(mask, (B, 1, T, S))
+    lengths = full[:, 0, -1].sum(-1, dtype=jnp.int32)
+    padding = jnp.arange(S) < lengths[:, None, None, None]  # (B, 1, 1, S)
+    some = jnp.all(lengths > 0)
+    index = jnp.where(some & jnp.all(full == padding), 1, 0)
+    if T == S:
+        causal = padding & jnp.tril(jnp.ones((T, S), bool))
+        index = jnp.where(some & jnp.all(full == causal),
+                          jnp.where(jnp.all(lengths == S), 3, 2), index)
+    return index, lengths
 
 
 def einsum_attention(q, k, v, mask, dropout, *, heads_first_kv: bool = False):
@@ -65,7 +123,9 @@ def attention(q, k, v, mask=None, dropout: nnx.Dropout | None = None,
 
     ``mask`` is boolean, broadcastable to ``(B, nh, T, S)``, True = may attend. Softmax runs in
     float32. ``implementation`` is one of ``config.ATTENTION_IMPLEMENTATIONS``; ``"auto"`` takes
-    ``"xla"`` unless dropout is active or the computation is float16 on CPU, then ``"einsum"``.
+    ``"einsum"`` when dropout is active or the computation is float16 on CPU, ``"cudnn"`` for
+    bfloat16 and float16 on a CUDA GPU that has it (``runtime.cudnn_attention``; shapes cuDNN
+    refuses, say a head size over its limit, fall back), and ``"xla"`` otherwise.
 
     float16 on CPU: ``jax.nn.dot_product_attention`` asks for float16 x float16 -> float32
     matmuls (``DotAlgorithmPreset.F16_F16_F32``), an algorithm XLA:CPU does not have. Called
@@ -75,7 +135,15 @@ def attention(q, k, v, mask=None, dropout: nnx.Dropout | None = None,
     active = _active(dropout)
     cpu_float16 = q.dtype == jnp.float16 and jax.default_backend() == "cpu"
     if implementation == "auto":
-        implementation = "einsum" if active is not None or cpu_float16 else "xla"
+        if active is not None or cpu_float16:
+            implementation = "einsum"
+        elif q.dtype in (jnp.bfloat16, jnp.float16) and runtime.cudnn_attention():
+            try:  # cuDNN names what it cannot do when the call is traced
+                return fused_attention(q, k, v, mask, None, implementation="cudnn")
+            except (NotImplementedError, ValueError, RuntimeError):
+                implementation = "xla"
+        else:
+            implementation = "xla"
     if implementation == "xla" and cpu_float16:
         raise ValueError("attention implementation 'xla' cannot compute float16 on CPU: "
                          "jax.nn.dot_product_attention needs float16 matmuls with float32 "

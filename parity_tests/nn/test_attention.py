@@ -238,6 +238,80 @@ def test_attention_property(case):
 
 
 # ------------------------------------------------------------------------------------------------
+# cuDNN's mask types: which branch a mask takes, and that every branch computes that mask. XLA's
+# kernel takes the same arguments as cuDNN's (is_causal, key lengths, a mask), so the branches
+# run on a CPU; parity_tests/test_gpu.py runs them through cuDNN.
+
+# mask kind -> the branch of jl.mask_pattern at T == S, and at T != S
+BRANCHES = {"right_padding": (1, 1), "none_as_mask": (1, 1), "left_padding": (0, 0),
+            "fully_padded_row": (0, 0), "causal": (3, 0), "causal_right_padding": (2, 0),
+            "causal_left_padding": (0, 0)}
+
+
+def _xla_kernel(*args, **kwargs):
+    return jax.nn.dot_product_attention(*args, **kwargs, implementation="xla")
+
+
+@pytest.mark.parametrize("kind", BRANCHES)
+@pytest.mark.parametrize(("B", "T", "S"), [(3, 6, 6), (2, 4, 7)])
+def test_cudnn_mask_branches(kind, B, T, S):
+    rng = np.random.RandomState(7)
+    q, k, v = (jnp.asarray(a) for a in qkv(rng, B, T, S, 2, 8))
+    mask = (np.ones((B, 1, 1, S), bool) if kind == "none_as_mask"
+            else build_mask(kind, B, T, S, 2, rng))
+    index, lengths = jl.mask_pattern(jnp.asarray(mask), B, T, S)
+    assert int(index) == BRANCHES[kind][T != S]
+    np.testing.assert_array_equal(lengths, np.broadcast_to(mask, (B, 1, T, S))[:, 0, -1].sum(-1))
+    cotangent = jnp.asarray(rng.randn(B, T, 2, 8).astype(np.float32))
+
+    def loss(attend, q, k, v):
+        out = attend(q, k, v)
+        return (out * cotangent).sum(), out
+
+    def dense(q, k, v):
+        return _xla_kernel(q, k, v, mask=jnp.broadcast_to(mask, (B, 1, T, S)))
+
+    def branched(q, k, v):
+        return jl.cudnn_attention(q, k, v, jnp.asarray(mask), kernel=_xla_kernel)
+
+    grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3), has_aux=True), static_argnums=0)
+    expected, actual = grad(dense, q, k, v), grad(branched, q, k, v)
+    assert_close(expected[1], actual[1], what=f"{kind} output")
+    for name, e, a in zip("qkv", expected[0], actual[0], strict=True):
+        assert_close(e, a, what=f"{kind} gradient of {name}")
+
+
+def test_cudnn_mask_types_switch(monkeypatch):
+    """``JAXFORMER_CUDNN_MASK_TYPES=0`` passes every mask as the bias: no switch in the program."""
+    rng = np.random.RandomState(8)
+    q, k, v = (jnp.asarray(a) for a in qkv(rng, 2, 6, 6, 2, 8))
+    mask = jnp.asarray(build_mask("causal_right_padding", 2, 6, 6, 2, rng))
+
+    def program():
+        return str(jax.make_jaxpr(lambda q: jl.cudnn_attention(q, k, v, mask,
+                                                               kernel=_xla_kernel))(q))
+
+    assert "cond[" in program()
+    monkeypatch.setenv("JAXFORMER_CUDNN_MASK_TYPES", "0")
+    assert "cond[" not in program()
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="needs a backend without cuDNN")
+def test_auto_falls_back_where_cudnn_is_missing(monkeypatch):
+    """``"auto"`` told to try cuDNN where there is none falls back to XLA's attention, bit for
+    bit; ``"cudnn"`` asked by name fails with cuDNN's own error."""
+    monkeypatch.setenv("JAXFORMER_CUDNN_ATTENTION", "1")
+    rng = np.random.RandomState(8)
+    q, k, v = (jnp.asarray(a, jnp.bfloat16) for a in qkv(rng, 2, 6, 6, 2, 8))
+    mask = jnp.asarray(build_mask("causal_right_padding", 2, 6, 6, 2, rng))
+    auto = jax.jit(lambda q, k, v: jl.attention(q, k, v, mask))(q, k, v)
+    xla = jax.jit(lambda q, k, v: jl.attention(q, k, v, mask, implementation="xla"))(q, k, v)
+    np.testing.assert_array_equal(np.asarray(auto, np.float32), np.asarray(xla, np.float32))
+    with pytest.raises(RuntimeError, match="cuDNN"):
+        jl.attention(q, k, v, mask, implementation="cudnn")
+
+
+# ------------------------------------------------------------------------------------------------
 # jit and dropout
 
 
