@@ -9,6 +9,7 @@
   program as a fresh run's, so resuming finds the compiled update in the compilation cache.
 - The fast initialiser gives the same parameters; a small embedding table's gradient taken as
   masked sums equals the scatter-add's.
+- The cuDNN attention switches follow the device and their variables.
 """
 
 from __future__ import annotations
@@ -202,3 +203,21 @@ def test_only_small_tables_take_the_summed_gradient(monkeypatch):
 
     assert "scatter" not in program(runtime.SMALL_TABLE_ROWS)
     assert "scatter" in program(runtime.SMALL_TABLE_ROWS + 1)
+
+
+def test_cudnn_attention_switches(monkeypatch):
+    """"auto" tries cuDNN on a CUDA GPU of compute capability 8.0 or more unless told otherwise,
+    and never where the first device is not a CUDA GPU; the mask types are on unless told."""
+    for name in ("JAXFORMER_CUDNN_ATTENTION", "JAXFORMER_CUDNN_MASK_TYPES"):
+        monkeypatch.delenv(name, raising=False)
+    device = jax.devices()[0]
+    capability = (tuple(int(p) for p in device.compute_capability.split("."))
+                  if device.platform == "gpu" and hasattr(device, "compute_capability") else ())
+    assert runtime._cuda_compute_capability() == capability
+    assert runtime.cudnn_attention() == (capability >= (8, 0))
+    assert runtime.cudnn_mask_types()
+    for value, expected in (("0", False), ("1", True)):
+        monkeypatch.setenv("JAXFORMER_CUDNN_ATTENTION", value)
+        monkeypatch.setenv("JAXFORMER_CUDNN_MASK_TYPES", value)
+        assert runtime.cudnn_attention() is expected
+        assert runtime.cudnn_mask_types() is expected
