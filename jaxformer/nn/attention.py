@@ -47,8 +47,11 @@ def cudnn_attention(q, k, v, mask, kernel=None):
     next to attention), and ``lax.switch`` runs the branch it selects: causal (no padding),
     causal with key lengths, key lengths, or the bias for anything else (left padding, holes,
     per-head masks). Each branch computes the attention the mask defines, so the choice never
-    changes what is computed, only how. A query row whose keys are all masked takes the bias
-    (its output is this library's uniform average, ``numerics.MASK_VALUE``).
+    changes what is computed, only how. A query row whose keys are all masked takes the bias:
+    its output is the mean of the values, as on every path (``numerics.MASK_VALUE``), but cuDNN
+    passes a gradient through that row's uniform softmax where the einsum path stops it at the
+    mask (such a row's output carries no meaning, and no loss that ignores padding sends it a
+    gradient).
 
     ``kernel``: the attention function (``jax.nn.dot_product_attention`` with cuDNN); the tests
     pass XLA's, which takes the same mask types, to check the branches on a CPU.
