@@ -30,6 +30,7 @@ from jaxformer.models import bert as jb
 from jaxformer.models import encoder_decoder as jt
 from jaxformer.models import gpt as jg
 from jaxformer.nn import attention as jl
+from parity_tests.support.attention import BRANCHES, branch_mask, qkv
 from parity_tests.support.bf16 import BF16_BOUND
 from parity_tests.support.helpers import FORWARD_RTOL, max_rel_diff, twin_pair
 from torch_ref.models import bert as tb
@@ -105,42 +106,33 @@ def test_auto_keeps_xla_in_float32():
     assert "__cudnn$fmha" not in program
 
 
-# test_attention.BRANCHES's kinds, each with the branch it takes at T == S
-BRANCH_MASKS = {"right_padding": 1, "none_as_mask": 1, "left_padding": 0, "causal": 3,
-                "causal_right_padding": 2, "causal_left_padding": 0}
-
-
-@pytest.mark.parametrize("kind", BRANCH_MASKS)
 @pytest.mark.parametrize(("T_", "S"), [(16, 16), (8, 24)])
-def test_cudnn_branches_against_float32(kind, T_, S):
+def test_cudnn_branches_against_float32(T_, S):
     """Each branch of ``cudnn_attention`` through cuDNN, forward and backward, against float32
     attention of the same bfloat16 inputs (a wrong branch or mask is off by order 1)."""
-    from parity_tests.nn.test_attention import build_mask, qkv
-
     rng = np.random.RandomState(9)
     q, k, v = (jnp.asarray(a, jnp.bfloat16) for a in qkv(rng, B, T_, S, 4, 16, scale=1.0))
-    mask = jnp.asarray(np.ones((B, 1, 1, S), bool) if kind == "none_as_mask"
-                       else build_mask(kind, B, T_, S, 4, rng))
-    if T_ == S:
-        assert int(jl.mask_pattern(mask, B, T_, S)[0]) == BRANCH_MASKS[kind]
-    # A query row whose keys are all masked (causal_left_padding's leading rows) gets the mean
-    # of all values from every path, but its gradient is meaningless (einsum stops it at the
-    # mask, cuDNN's bias lets it through the uniform softmax): no loss that ignores padding
-    # sends it a cotangent, and neither does this one.
-    alive = np.broadcast_to(np.asarray(mask), (B, 1, T_, S)).any(-1)[:, 0, :, None, None]
-    cotangent = jnp.asarray(rng.randn(B, T_, 4, 16) * alive, jnp.float32)
 
-    def loss(attend, q, k, v):
+    def loss(attend, q, k, v, mask, cotangent):
         out = attend(q, k, v, mask).astype(jnp.float32)
         return (out * cotangent).sum(), out
 
     grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3), has_aux=True), static_argnums=0)
-    exact = grad(lambda *a: jl.einsum_attention(*a, None), *(x.astype(jnp.float32)
-                                                            for x in (q, k, v)))
-    cudnn = grad(jl.cudnn_attention, q, k, v)
-    assert max_rel_diff(exact[1], cudnn[1]) <= BF16_BOUND
-    for e, a in zip(exact[0], cudnn[0], strict=True):
-        assert max_rel_diff(e, np.asarray(a, np.float32)) <= BF16_BOUND
+    for kind, branches in BRANCHES.items():
+        mask = jnp.asarray(np.broadcast_to(branch_mask(kind, B, T_, S, rng), (B, 1, T_, S)))
+        assert int(jl.mask_pattern(mask, B, T_, S)[0]) == branches[T_ != S], kind
+        # A query row whose keys are all masked (causal_left_padding's leading rows) gets the
+        # mean of all values from every path, but its gradient is meaningless (einsum stops it
+        # at the mask, cuDNN's bias lets it through the uniform softmax): no loss that ignores
+        # padding sends it a cotangent, and neither does this one.
+        alive = np.asarray(mask).any(-1)[:, 0, :, None, None]
+        cotangent = jnp.asarray(rng.randn(B, T_, 4, 16) * alive, jnp.float32)
+        exact = grad(lambda q, k, v, m: jl.einsum_attention(q, k, v, m, None),
+                     *(x.astype(jnp.float32) for x in (q, k, v)), mask, cotangent)
+        cudnn = grad(jl.cudnn_attention, q, k, v, mask, cotangent)
+        assert max_rel_diff(exact[1], cudnn[1]) <= BF16_BOUND, kind
+        for e, a in zip(exact[0], cudnn[0], strict=True):
+            assert max_rel_diff(e, np.asarray(a, np.float32)) <= BF16_BOUND, kind
 
 
 @pytest.mark.parametrize("family", ["gpt", "bert"])

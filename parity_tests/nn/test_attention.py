@@ -13,6 +13,7 @@ Three layers of evidence:
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from jaxformer.checkpoints import convert
 from jaxformer.config import BertConfig
 from jaxformer.nn import attention as jl
-from jaxformer.nn.masks import MASK_VALUE, causal_mask, combine_masks, padding_mask
+from jaxformer.nn.masks import MASK_VALUE, causal_mask, padding_mask
+from parity_tests.support.attention import BRANCHES, branch_mask, build_mask, qkv, xla_kernel
 from parity_tests.support.helpers import (
     JIT_TOL,
     MASK_KINDS,
@@ -96,35 +98,6 @@ def torch_ref_attention(q, k, v, mask):
     tq, tk, tv = (torch.from_numpy(np.asarray(a)).transpose(1, 2) for a in (q, k, v))
     tmask = None if mask is None else torch.from_numpy(np.array(mask))
     return tl.attention(tq, tk, tv, tmask).transpose(1, 2).numpy()
-
-
-def qkv(rng, B, T, S, nh, hs, scale=2.0):
-    """Random queries/keys/values; ``scale`` makes the softmax peaked enough to expose mask bugs."""
-    q = (rng.randn(B, T, nh, hs) * scale).astype(np.float32)
-    k = (rng.randn(B, S, nh, hs) * scale).astype(np.float32)
-    v = rng.randn(B, S, nh, hs).astype(np.float32)
-    return q, k, v
-
-
-def build_mask(kind, B, T, S, nh, rng):
-    """``(B, 1 or nh, T, S)`` boolean mask of the named kind, or None."""
-    if kind == "none":
-        return None
-    if kind in ("right_padding", "left_padding", "fully_padded_row"):
-        return np.asarray(padding_mask(make_attention_mask(kind, B, S)))
-    if kind == "causal":
-        return np.asarray(causal_mask(T, S))
-    if kind == "causal_right_padding":  # key 0 is always real, so no row is fully masked
-        return np.asarray(combine_masks(padding_mask(make_attention_mask("right_padding", B, S)),
-                                        causal_mask(T, S)))
-    if kind == "causal_left_padding":  # the leading padded queries see no real key
-        return np.asarray(combine_masks(padding_mask(make_attention_mask("left_padding", B, S)),
-                                        causal_mask(T, S)))
-    if kind == "random_per_head":  # every row keeps its diagonal-ish key
-        mask = rng.rand(B, nh, T, S) < 0.5
-        mask[..., np.arange(T), np.arange(T) % S] = True
-        return mask
-    raise ValueError(kind)
 
 
 def fully_masked_rows(mask, B, nh, T, S):
@@ -242,43 +215,42 @@ def test_attention_property(case):
 # kernel takes the same arguments as cuDNN's (is_causal, key lengths, a mask), so the branches
 # run on a CPU; parity_tests/test_gpu.py runs them through cuDNN.
 
-# mask kind -> the branch of jl.mask_pattern at T == S, and at T != S
-BRANCHES = {"right_padding": (1, 1), "none_as_mask": (1, 1), "left_padding": (0, 0),
-            "fully_padded_row": (0, 0), "causal": (3, 0), "causal_right_padding": (2, 0),
-            "causal_left_padding": (0, 0)}
-
-
-def _xla_kernel(*args, **kwargs):
-    return jax.nn.dot_product_attention(*args, **kwargs, implementation="xla")
-
-
-@pytest.mark.parametrize("kind", BRANCHES)
-@pytest.mark.parametrize(("B", "T", "S"), [(3, 6, 6), (2, 4, 7)])
-def test_cudnn_mask_branches(kind, B, T, S):
-    rng = np.random.RandomState(7)
-    q, k, v = (jnp.asarray(a) for a in qkv(rng, B, T, S, 2, 8))
-    mask = (np.ones((B, 1, 1, S), bool) if kind == "none_as_mask"
-            else build_mask(kind, B, T, S, 2, rng))
-    index, lengths = jl.mask_pattern(jnp.asarray(mask), B, T, S)
-    assert int(index) == BRANCHES[kind][T != S]
-    np.testing.assert_array_equal(lengths, np.broadcast_to(mask, (B, 1, T, S))[:, 0, -1].sum(-1))
-    cotangent = jnp.asarray(rng.randn(B, T, 2, 8).astype(np.float32))
-
-    def loss(attend, q, k, v):
-        out = attend(q, k, v)
+@functools.partial(jax.jit, static_argnums=0)
+def _loss_gradients(attend, q, k, v, mask, cotangent):
+    """Gradients of ``sum(attend(q, k, v, mask) * cotangent)`` and the output; one compilation
+    per shape serves every mask (masks are arguments, broadcast to ``(B, 1, T, S)``)."""
+    def loss(q, k, v):
+        out = attend(q, k, v, mask)
         return (out * cotangent).sum(), out
 
-    def dense(q, k, v):
-        return _xla_kernel(q, k, v, mask=jnp.broadcast_to(mask, (B, 1, T, S)))
+    return jax.grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
 
-    def branched(q, k, v):
-        return jl.cudnn_attention(q, k, v, jnp.asarray(mask), kernel=_xla_kernel)
 
-    grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3), has_aux=True), static_argnums=0)
-    expected, actual = grad(dense, q, k, v), grad(branched, q, k, v)
-    assert_close(expected[1], actual[1], what=f"{kind} output")
-    for name, e, a in zip("qkv", expected[0], actual[0], strict=True):
-        assert_close(e, a, what=f"{kind} gradient of {name}")
+def _dense(q, k, v, mask):
+    return xla_kernel(q, k, v, mask=mask)
+
+
+def _branched(q, k, v, mask):
+    return jl.cudnn_attention(q, k, v, mask, kernel=xla_kernel)
+
+
+@pytest.mark.parametrize(("B", "T", "S"), [(3, 6, 6), (2, 4, 7)])
+def test_cudnn_mask_branches(B, T, S):
+    """For each mask kind: the branch ``mask_pattern`` picks, the key lengths, and the branched
+    attention's output and gradients against XLA's on the dense mask."""
+    rng = np.random.RandomState(7)
+    q, k, v = (jnp.asarray(a) for a in qkv(rng, B, T, S, 2, 8))
+    cotangent = jnp.asarray(rng.randn(B, T, 2, 8).astype(np.float32))
+    for kind, branches in BRANCHES.items():
+        mask = np.broadcast_to(branch_mask(kind, B, T, S, rng), (B, 1, T, S))
+        index, lengths = jl.mask_pattern(jnp.asarray(mask), B, T, S)
+        assert int(index) == branches[T != S], kind
+        np.testing.assert_array_equal(lengths, mask[:, 0, -1].sum(-1))
+        expected = _loss_gradients(_dense, q, k, v, jnp.asarray(mask), cotangent)
+        actual = _loss_gradients(_branched, q, k, v, jnp.asarray(mask), cotangent)
+        assert_close(expected[1], actual[1], what=f"{kind} output")
+        for name, e, a in zip("qkv", expected[0], actual[0], strict=True):
+            assert_close(e, a, what=f"{kind} gradient of {name}")
 
 
 def test_cudnn_mask_types_switch(monkeypatch):
@@ -289,7 +261,7 @@ def test_cudnn_mask_types_switch(monkeypatch):
 
     def program():
         return str(jax.make_jaxpr(lambda q: jl.cudnn_attention(q, k, v, mask,
-                                                               kernel=_xla_kernel))(q))
+                                                               kernel=xla_kernel))(q))
 
     assert "cond[" in program()
     monkeypatch.setenv("JAXFORMER_CUDNN_MASK_TYPES", "0")
