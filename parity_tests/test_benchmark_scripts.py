@@ -1,12 +1,14 @@
 """The benchmark scripts still run against the library: ``bench_forward.py`` and
 ``bench_train.py`` on tiny models, one timed round, nothing saved. No time is asserted (speed is
 the scripts' business, never a test's); what is checked is that each script gets through its
-equal-work checks and prints its table. ``bench_forward.py`` once broke silently when
+equal-work checks and prints its table, and that ``profile_summary.py`` reads the trace
+``bench_train.py --profile`` writes. ``bench_forward.py`` once broke silently when
 ``jaxformer.nn.jit.Jitted`` renamed its parameters (``state`` -> ``params``) and was found broken
 only on a lent GPU."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,6 +35,19 @@ def test_bench_forward_runs():
         assert f"| {label} | 2 x " in out, out[-2000:]
 
 
-def test_bench_train_runs():
-    out = run("bench_train.py", "--quick", "--no-compile", "--models", "gpt2")
+def test_bench_train_runs_and_its_profile_is_summarised(tmp_path):
+    """``bench_train.py --profile`` writes a trace per jaxformer candidate, and
+    ``profile_summary.py`` sums it by thread: the step's own call appears on the host."""
+    out = run("bench_train.py", "--quick", "--no-compile", "--models", "gpt2", "--profile",
+              str(tmp_path))
     assert "| gpt2 (tiny) | 4 x 32 | jaxformer |" in out, out[-2000:]
+    summary = tmp_path / "summary.json"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "profile_summary.py"),
+                           str(tmp_path / "gpt2" / "jaxformer"), "--json", str(summary)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    threads = json.loads(summary.read_text())["threads"]
+    assert threads, done.stdout
+    host = " ".join(json.dumps(t) for t in threads)
+    assert "step.py" in host, host[:2000]
+    assert "PjitFunction" in host, host[:2000]
