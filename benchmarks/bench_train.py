@@ -39,7 +39,10 @@ implementation, remat, scanned layers, matmul precision, XLA compiler options su
 recorded in results/ (``--jax-only`` leaves torch out); XLA flags that are not compiler options
 need a process each (``--xla-flags ... --tag ...``). ``--profile DIR`` writes a ``jax.profiler``
 trace of two steps of each jaxformer candidate after the timed rounds, which
-``profile_summary.py`` sums by kernel. Memory: GPT-2 with its three candidates holds about
+``profile_summary.py`` sums by kernel. ``--updates-per-call K`` times K updates per call
+(every candidate), and the ``late-fetch`` variant dispatches each of them before reading the
+previous one's metrics (``TrainStep.dispatch``/``fetch``), so the host's work between updates
+overlaps the device's. Memory: GPT-2 with its three candidates holds about
 10 GB; each extra variant ~3 GB. On a shared machine time one thread in process CPU time
 (``taskset -c 1 ... --threads 1 --clock cpu``, benchmarks/README.md); a GPT-2 step then takes
 13-19 s of CPU.
@@ -94,8 +97,12 @@ VARIANTS = {
     # XLA:CPU's LLVM optimisation level for the step's generated code (XLA's default is 2)
     "llvm-o1": dict(compiler_options={"xla_backend_optimization_level": 1}),
     "llvm-o2": dict(compiler_options={"xla_backend_optimization_level": 2}),
+    # the same step, each update dispatched before the previous one's metrics are read
+    # (TrainStep.dispatch / fetch): with --updates-per-call K > 1, the host's share of a step
+    # overlaps the device's work
+    "late-fetch": dict(late_fetch=True),
 }
-SWITCHES = ("precision", "env")  # a variant's keys that are not config fields
+SWITCHES = ("precision", "env", "late_fetch")  # a variant's keys that are not config fields
 
 
 def variant(name: str) -> dict:
@@ -251,13 +258,24 @@ def bench_workload(name, args, bench):
 
     def call(key):
         trainer, precision = jax_steps.get(key, (trainers[key], None))
+        late = bool((precision or {}).get("late_fetch"))
 
-        def run():
+        def run():  # --updates-per-call updates; late-fetch: each read after the next is sent
             with switches(precision):
-                out = trainer(batch)
-            losses[key].append(out["loss"])
-            print(f"  {name} {key}: step {len(losses[key])}, loss {out['loss']:.6f}", flush=True)
-            return out
+                if late:
+                    handles = [trainer.dispatch(batch)]
+                    outs = []
+                    for _ in range(args.updates_per_call - 1):
+                        handles.append(trainer.dispatch(batch))
+                        outs.append(trainer.fetch(handles.pop(0)))
+                    outs.append(trainer.fetch(handles.pop(0)))
+                else:
+                    outs = [trainer(batch) for _ in range(args.updates_per_call)]
+            for out in outs:
+                losses[key].append(out["loss"])
+                print(f"  {name} {key}: step {len(losses[key])}, loss {out['loss']:.6f}",
+                      flush=True)
+            return outs[-1]
         return run
 
     fns = {key: call(key) for key in trainers}
@@ -280,10 +298,10 @@ def bench_workload(name, args, bench):
         raise SystemExit(f"{name}: the first-step losses differ by more than {rtol} "
                          f"(relative): {first}; the candidates do not compute the same update")
 
-    tokens = B * T
+    tokens = B * T * args.updates_per_call
     options = ({"model": "BertForPreTraining", "masked_positions": head_positions}
                if family == "bert" else {})
-    step_flop = flops.train_step_flops(cfg, B, T, **options)
+    step_flop = flops.train_step_flops(cfg, B, T, **options) * args.updates_per_call
     case = bench.measure(fns, baseline=baseline, tokens=tokens, flop=step_flop,
                          frameworks={k: "jax" if k in jax_steps else "torch" for k in fns})
 
@@ -357,6 +375,9 @@ def parse_args(argv=None):
     p.add_argument("--jax-only", action="store_true",
                    help="no torch candidate: jaxformer and its --jax-variants, jaxformer the "
                         "baseline")
+    p.add_argument("--updates-per-call", type=int, default=1, metavar="K",
+                   help="updates in each timed call (times and tokens per call cover K); the "
+                        "late-fetch variant needs K > 1 to overlap anything")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="write a jax.profiler trace (with a Perfetto trace.json.gz) of two steps "
                         "of each jaxformer candidate under DIR/MODEL/CANDIDATE")
@@ -371,6 +392,8 @@ def parse_args(argv=None):
             if part not in VARIANTS:
                 p.error(f"unknown jax variant {part!r} in {v!r}; choose from "
                         f"{', '.join(VARIANTS)}")
+    if args.updates_per_call < 1:
+        p.error(f"--updates-per-call must be at least 1, got {args.updates_per_call}")
     if args.quick:
         args.repeats, args.warmup = min(args.repeats, 2), min(args.warmup, 1)
         args.peak_size, args.peak_repeats = args.peak_size or 256, min(args.peak_repeats, 2)

@@ -36,11 +36,13 @@ def test_bench_forward_runs():
 
 
 def test_bench_train_runs_and_its_profile_is_summarised(tmp_path):
-    """``bench_train.py --profile`` writes a trace per jaxformer candidate, and
-    ``profile_summary.py`` sums it by thread: the step's own call appears on the host."""
+    """``bench_train.py`` with the late-fetch variant (two updates a call) and ``--profile``,
+    which writes a trace per jaxformer candidate; ``profile_summary.py`` sums it by thread: the
+    step's own call appears on the host."""
     out = run("bench_train.py", "--quick", "--no-compile", "--models", "gpt2", "--profile",
-              str(tmp_path))
+              str(tmp_path), "--jax-variants", "late-fetch", "--updates-per-call", "2")
     assert "| gpt2 (tiny) | 4 x 32 | jaxformer |" in out, out[-2000:]
+    assert "|  |  | jaxformer late-fetch |" in out, out[-2000:]
     summary = tmp_path / "summary.json"
     done = subprocess.run([sys.executable, str(BENCHMARKS / "profile_summary.py"),
                            str(tmp_path / "gpt2" / "jaxformer"), "--json", str(summary)],

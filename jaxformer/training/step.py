@@ -180,10 +180,21 @@ class TrainStep:
         return sharding.shard_batch(batch, self.mesh, batch_axis)
 
     def __call__(self, batch: dict) -> dict[str, float]:
+        return self.fetch(self.dispatch(batch))
+
+    def dispatch(self, batch: dict) -> dict[str, jax.Array]:
+        """The update, without waiting for it: its metrics stay on the device until
+        :meth:`fetch` reads them. A loop that dispatches the next update before fetching the
+        previous one's metrics keeps an accelerator busy while the host prepares the call."""
         batch = self._batch(batch, batch_axis=1)  # (micro-batches, batch, ...)
         *leaves, metrics = self._run(self._train, *self._leaves, batch, np.int32(self.step))
         self._leaves = leaves
         self.step += 1
+        return metrics
+
+    @staticmethod
+    def fetch(metrics: dict) -> dict[str, float]:
+        """The metrics :meth:`dispatch` returned, as floats (waits for their update)."""
         return {key: float(value) for key, value in jax.device_get(metrics).items()}
 
     def evaluate(self, batch: dict) -> float:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import copy
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -154,3 +156,25 @@ def test_accumulation_equals_one_big_batch():
         other = step_split.model.state_dict()[key]
         check(float((value - other).abs().max()), 1e-6 * max(1.0, float(value.abs().max())),
               f"{key} after 4 updates, one batch vs two micro-batches")
+
+
+def test_dispatched_updates_equal_called_ones():
+    """``dispatch`` sends an update without waiting and ``fetch`` reads its metrics: three updates
+    each dispatched before the previous one is read give, in both frameworks, the metrics and
+    the weights of three ``step(batch)`` calls, bit for bit."""
+    config = TrainConfig(steps=10, batch_size=4, seq_len=16, learning_rate=3e-3, warmup_steps=2)
+    jax_step, torch_step, dataset = twin_steps("gpt", config, seed=4)
+    batches = [dataset.update_batch(i) for i in range(3)]
+    start_jax = jax.tree.map(jnp.copy, jax_step.state_dict())
+    start_torch = copy.deepcopy(torch_step.state_dict())
+    for step, start in ((jax_step, start_jax), (torch_step, start_torch)):
+        called = [step(batch) for batch in batches]
+        after_calls = {k: np.asarray(v) for k, v in state(step.sync()).items()}
+        step.load_state_dict(jax.tree.map(jnp.copy, start) if step is jax_step else start)
+        handles = [step.dispatch(batches[0]), step.dispatch(batches[1])]
+        fetched = [step.fetch(handles[0]), None, None]
+        handles.append(step.dispatch(batches[2]))
+        fetched[1:] = [step.fetch(h) for h in handles[1:]]
+        assert fetched == called, type(step)
+        for key, value in state(step.sync()).items():
+            np.testing.assert_array_equal(np.asarray(value), after_calls[key], err_msg=key)

@@ -75,6 +75,11 @@ class TrainStep:
         self.step = 0
 
     def __call__(self, batch: dict) -> dict[str, float]:
+        return self.fetch(self.dispatch(batch))
+
+    def dispatch(self, batch: dict) -> dict:
+        """The update; its loss and gradient norm stay tensors on the model's device (on CUDA,
+        not waited for) until :meth:`fetch` reads them."""
         self.task.check_batch(batch, self.model_config)
         device = next(self.model.parameters()).device
         accum = self.config.accumulation_steps
@@ -97,7 +102,12 @@ class TrainStep:
             group["lr"] = lr
         self._optimizer.step()
         self.step += 1
-        return {"loss": float(total), "grad_norm": float(norm), "learning_rate": lr}
+        return {"loss": total, "grad_norm": norm, "learning_rate": lr}
+
+    @staticmethod
+    def fetch(metrics: dict) -> dict[str, float]:
+        """The metrics :meth:`dispatch` returned, as floats (waits for their update)."""
+        return {key: float(value) for key, value in metrics.items()}
 
     def evaluate(self, batch: dict) -> float:
         return self._metric(self.task.loss, batch)
