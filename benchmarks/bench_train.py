@@ -94,7 +94,7 @@ VARIANTS = {
     # choice is the base step's): XLA's Triton GEMM kernels on, or off (products to cuBLAS)
     "triton-gemm": dict(compiler_options={"xla_gpu_enable_triton_gemm": True}),
     "no-triton-gemm": dict(compiler_options={"xla_gpu_enable_triton_gemm": False}),
-    # XLA:CPU's LLVM optimisation level for the step's generated code (XLA's default is 2)
+    # XLA:CPU's LLVM optimisation level for the step's generated code (XLA's default is 3)
     "llvm-o1": dict(compiler_options={"xla_backend_optimization_level": 1}),
     "llvm-o2": dict(compiler_options={"xla_backend_optimization_level": 2}),
     # the same step, each update dispatched before the previous one's metrics are read
