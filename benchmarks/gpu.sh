@@ -12,7 +12,7 @@
 # torch (CUDA) and transformers; the repository is put on PYTHONPATH, nothing is installed.
 #
 # Steps: the versions and the card; the GPU-marked tests (cuDNN flash attention, float32 parity
-# against CUDA torch); the main job (`jaxformer parity`) on the GPU; greedy decoding of GPT-2
+# against CUDA torch); the bfloat16 model tests (cuDNN attention by default there); the main job (`jaxformer parity`) on the GPU; greedy decoding of GPT-2
 # small (batch 1 and 8, float32, against Hugging Face); the bfloat16 forward of BERT-base and
 # GPT-2 small (the default attention, cuDNN's in bfloat16 on a GPU, then XLA's); the training
 # step of GPT-2 small in bfloat16 at 16 x 1024 (jaxformer by default, with cuDNN's attention
@@ -57,6 +57,9 @@ torch.cuda.is_available())" >>"$OUT/card.txt" 2>&1
 cat "$OUT/card.txt"
 
 step tests-gpu 120 "$PY" -m pytest -q -p no:cacheprovider parity_tests/test_gpu.py
+# the bfloat16 model tests: "auto" attention is cuDNN's on a GPU since the fourth lease
+step tests-bf16 90 "$PY" -m pytest -q -p no:cacheprovider parity_tests/models/test_bf16.py \
+    parity_tests/models/test_autocast.py
 step parity 60 "$PY" -m jaxformer.cli parity
 step decode 90 "$PY" benchmarks/bench_decode.py --device gpu --matmul-precision default \
     --out "$OUT" --batches 1,8 --new 128 --repeats 5
