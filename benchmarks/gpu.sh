@@ -13,8 +13,8 @@
 #
 # Steps: the versions and the card; the GPU-marked tests (cuDNN flash attention, float32 parity
 # against CUDA torch); the bfloat16 model tests (cuDNN attention by default there); the main
-# job (`jaxformer parity`) on the GPU; greedy decoding of GPT-2 small (batch 1 and 8, float32, against Hugging Face); the bfloat16 forward of BERT-base and
-# GPT-2 small (the default attention, cuDNN's in bfloat16 on a GPU, then XLA's); the training
+# job (`jaxformer parity`) on the GPU; greedy decoding of GPT-2 small (batch 1 and 8, float32,
+# against Hugging Face); the bfloat16 forward of BERT-base and GPT-2 small (the default attention, cuDNN's in bfloat16 on a GPU, then XLA's); the training
 # step of GPT-2 small in bfloat16 at 16 x 1024 (jaxformer by default, with cuDNN's attention
 # taking every mask as a bias, torch_ref eager, torch.compile: MFU; a profile of the jaxformer
 # steps, summed by kernel); GPT-2's step with each update dispatched before the previous loss is
