@@ -14,13 +14,14 @@
 # Steps: the versions and the card; the GPU-marked tests (cuDNN flash attention, float32 parity
 # against CUDA torch); the bfloat16 model tests (cuDNN attention by default there); the main
 # job (`jaxformer parity`) on the GPU; greedy decoding of GPT-2 small (batch 1 and 8, float32,
-# against Hugging Face); the bfloat16 forward of BERT-base and GPT-2 small (the default attention, cuDNN's in bfloat16 on a GPU, then XLA's); the training
-# step of GPT-2 small in bfloat16 at 16 x 1024 (jaxformer by default, with cuDNN's attention
-# taking every mask as a bias, torch_ref eager, torch.compile: MFU; a profile of the jaxformer
-# steps, summed by kernel); GPT-2's step with each update dispatched before the previous loss is
-# read; BERT-base's training step in bfloat16 at 32 x 512 (the same, XLA's
-# attention too, and its profile); GPT-2's step with XLA's Triton GEMMs on and off and with XLA's
-# attention; the model parity files.
+# against Hugging Face); the bfloat16 forward of BERT-base and GPT-2 small (the default
+# attention, cuDNN's in bfloat16 on a GPU, then XLA's); the training step of GPT-2 small in
+# bfloat16 at 16 x 1024 (jaxformer by default, with cuDNN's attention taking every mask as a
+# bias, torch_ref eager, torch.compile: MFU; a profile of the jaxformer steps, summed by
+# kernel); GPT-2's step with each update dispatched before the previous loss is read;
+# BERT-base's training step in bfloat16 at 32 x 512 (the same, XLA's attention too, and its
+# profile); GPT-2's step with XLA's Triton GEMMs on and off and with XLA's attention; the model
+# parity files.
 # The first lease (docs/performance.md, "On a GPU") found the training steps with torch.compile
 # need more than 200 s each: give the run its whole deadline.
 set -u
