@@ -26,8 +26,9 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   ``JAXFORMER_SELECT_SMALL_TABLES=0`` turns it off, ``=1`` forces it.
 - :func:`cudnn_attention`: ``attention_implementation="auto"`` takes cuDNN's fused (flash)
   attention for bfloat16 and float16 on a CUDA GPU of compute capability 8.0 or more, where
-  cuDNN accepts the call (else XLA's, as on every other backend); ``JAXFORMER_CUDNN_ATTENTION=0``
-  keeps XLA's, ``=1`` tries cuDNN whatever the device.
+  cuDNN accepts the call (else XLA's, as on every other backend), without a device mesh (it was
+  measured on one GPU; under a mesh ``"cudnn"`` is the user's to ask for);
+  ``JAXFORMER_CUDNN_ATTENTION=0`` keeps XLA's, ``=1`` tries cuDNN whatever the device and mesh.
 - :func:`cudnn_mask_types`: cuDNN attention runs a mask that is causal, right padding of the
   keys, or both, as cuDNN's own mask types (the causal one skips the blocks above the diagonal)
   instead of an additive bias, whose gradient cuDNN then computes too (the pattern is checked on
@@ -109,7 +110,7 @@ def cudnn_attention() -> bool:
     forced = _env_switch("JAXFORMER_CUDNN_ATTENTION")
     if forced is not None:
         return forced
-    return _cuda_compute_capability() >= (8, 0)
+    return _cuda_compute_capability() >= (8, 0) and jax.sharding.get_abstract_mesh().empty
 
 
 @functools.lru_cache(maxsize=1)

@@ -206,8 +206,9 @@ def test_only_small_tables_take_the_summed_gradient(monkeypatch):
 
 
 def test_cudnn_attention_switches(monkeypatch):
-    """"auto" tries cuDNN on a CUDA GPU of compute capability 8.0 or more unless told otherwise,
-    and never where the first device is not a CUDA GPU; the mask types are on unless told."""
+    """"auto" tries cuDNN on a CUDA GPU of compute capability 8.0 or more, without a mesh, unless
+    told otherwise, and never where the first device is not a CUDA GPU; the mask types are on
+    unless told."""
     for name in ("JAXFORMER_CUDNN_ATTENTION", "JAXFORMER_CUDNN_MASK_TYPES"):
         monkeypatch.delenv(name, raising=False)
     device = jax.devices()[0]
@@ -215,6 +216,8 @@ def test_cudnn_attention_switches(monkeypatch):
                   if device.platform == "gpu" and hasattr(device, "compute_capability") else ())
     assert runtime._cuda_compute_capability() == capability
     assert runtime.cudnn_attention() == (capability >= (8, 0))
+    with jax.set_mesh(jax.make_mesh((1,), ("data",))):  # measured on one device only
+        assert not runtime.cudnn_attention()
     assert runtime.cudnn_mask_types()
     for value, expected in (("0", False), ("1", True)):
         monkeypatch.setenv("JAXFORMER_CUDNN_ATTENTION", value)
