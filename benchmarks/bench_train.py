@@ -263,12 +263,12 @@ def bench_workload(name, args, bench):
         def run():  # --updates-per-call updates; late-fetch: each read after the next is sent
             with switches(precision):
                 if late:
-                    handles = [trainer.dispatch(batch)]
-                    outs = []
+                    outs, pending = [], trainer.dispatch(batch)
                     for _ in range(args.updates_per_call - 1):
-                        handles.append(trainer.dispatch(batch))
-                        outs.append(trainer.fetch(handles.pop(0)))
-                    outs.append(trainer.fetch(handles.pop(0)))
+                        sent = trainer.dispatch(batch)
+                        outs.append(trainer.fetch(pending))
+                        pending = sent
+                    outs.append(trainer.fetch(pending))
                 else:
                     outs = [trainer(batch) for _ in range(args.updates_per_call)]
             for out in outs:

@@ -24,7 +24,7 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   itself stays a gather (the same rows, out-of-range ids still caught by ``checked`` mode). Off
   the CPU backend (there the scatter is a plain loop and faster than the sums);
   ``JAXFORMER_SELECT_SMALL_TABLES=0`` turns it off, ``=1`` forces it.
-- :func:`cudnn_attention`: ``attention_implementation="auto"`` takes cuDNN's fused (flash)
+- :func:`auto_cudnn_attention`: ``attention_implementation="auto"`` takes cuDNN's fused (flash)
   attention for bfloat16 and float16 on a CUDA GPU of compute capability 8.0 or more, where
   cuDNN accepts the call (else XLA's, as on every other backend), without a device mesh (it was
   measured on one GPU; under a mesh ``"cudnn"`` is the user's to ask for);
@@ -104,7 +104,7 @@ def select_small_tables() -> bool:
     return jax.default_backend() != "cpu"
 
 
-def cudnn_attention() -> bool:
+def auto_cudnn_attention() -> bool:
     """Whether ``attention_implementation="auto"`` tries cuDNN (read at trace time; see the
     module docstring)."""
     forced = _env_switch("JAXFORMER_CUDNN_ATTENTION")

@@ -207,20 +207,20 @@ def test_only_small_tables_take_the_summed_gradient(monkeypatch):
 
 def test_cudnn_attention_switches(monkeypatch):
     """"auto" tries cuDNN on a CUDA GPU of compute capability 8.0 or more, without a mesh, unless
-    told otherwise, and never where the first device is not a CUDA GPU; the mask types are on
-    unless told."""
+    told otherwise; never where the first device is not a CUDA GPU; the mask types are on unless
+    told. The device is stood in for by its compute capability, so every case runs anywhere."""
     for name in ("JAXFORMER_CUDNN_ATTENTION", "JAXFORMER_CUDNN_MASK_TYPES"):
         monkeypatch.delenv(name, raising=False)
-    device = jax.devices()[0]
-    capability = (tuple(int(p) for p in device.compute_capability.split("."))
-                  if device.platform == "gpu" and hasattr(device, "compute_capability") else ())
-    assert runtime._cuda_compute_capability() == capability
-    assert runtime.cudnn_attention() == (capability >= (8, 0))
-    with jax.set_mesh(jax.make_mesh((1,), ("data",))):  # measured on one device only
-        assert not runtime.cudnn_attention()
+    if jax.devices()[0].platform != "gpu":
+        assert runtime._cuda_compute_capability() == ()
+    for capability, expected in (((), False), ((7, 5), False), ((8, 0), True), ((9, 0), True)):
+        monkeypatch.setattr(runtime, "_cuda_compute_capability", lambda c=capability: c)
+        assert runtime.auto_cudnn_attention() is expected, capability
+        with jax.set_mesh(jax.make_mesh((1,), ("data",))):  # measured on one device only
+            assert not runtime.auto_cudnn_attention()
     assert runtime.cudnn_mask_types()
     for value, expected in (("0", False), ("1", True)):
         monkeypatch.setenv("JAXFORMER_CUDNN_ATTENTION", value)
         monkeypatch.setenv("JAXFORMER_CUDNN_MASK_TYPES", value)
-        assert runtime.cudnn_attention() is expected
+        assert runtime.auto_cudnn_attention() is expected
         assert runtime.cudnn_mask_types() is expected

@@ -127,8 +127,8 @@ def attention(q, k, v, mask=None, dropout: nnx.Dropout | None = None,
     ``mask`` is boolean, broadcastable to ``(B, nh, T, S)``, True = may attend. Softmax runs in
     float32. ``implementation`` is one of ``config.ATTENTION_IMPLEMENTATIONS``; ``"auto"`` takes
     ``"einsum"`` when dropout is active or the computation is float16 on CPU, ``"cudnn"`` for
-    bfloat16 and float16 on a CUDA GPU that has it (``runtime.cudnn_attention``; shapes cuDNN
-    refuses, say a head size over its limit, fall back), and ``"xla"`` otherwise.
+    bfloat16 and float16 on a CUDA GPU that has it (``runtime.auto_cudnn_attention``; shapes
+    cuDNN refuses, say a head size over its limit, fall back), and ``"xla"`` otherwise.
 
     float16 on CPU: ``jax.nn.dot_product_attention`` asks for float16 x float16 -> float32
     matmuls (``DotAlgorithmPreset.F16_F16_F32``), an algorithm XLA:CPU does not have. Called
@@ -140,7 +140,7 @@ def attention(q, k, v, mask=None, dropout: nnx.Dropout | None = None,
     if implementation == "auto":
         if active is not None or cpu_float16:
             implementation = "einsum"
-        elif q.dtype in (jnp.bfloat16, jnp.float16) and runtime.cudnn_attention():
+        elif q.dtype in (jnp.bfloat16, jnp.float16) and runtime.auto_cudnn_attention():
             try:  # cuDNN names what it cannot do when the call is traced
                 return fused_attention(q, k, v, mask, None, implementation="cudnn")
             except (NotImplementedError, ValueError, RuntimeError):

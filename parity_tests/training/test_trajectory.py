@@ -171,10 +171,10 @@ def test_dispatched_updates_equal_called_ones():
         called = [step(batch) for batch in batches]
         after_calls = {k: np.asarray(v) for k, v in state(step.sync()).items()}
         step.load_state_dict(jax.tree.map(jnp.copy, start) if step is jax_step else start)
-        handles = [step.dispatch(batches[0]), step.dispatch(batches[1])]
-        fetched = [step.fetch(handles[0]), None, None]
-        handles.append(step.dispatch(batches[2]))
-        fetched[1:] = [step.fetch(h) for h in handles[1:]]
+        first, second = step.dispatch(batches[0]), step.dispatch(batches[1])
+        fetched = [step.fetch(first)]
+        third = step.dispatch(batches[2])
+        fetched += [step.fetch(second), step.fetch(third)]
         assert fetched == called, type(step)
         for key, value in state(step.sync()).items():
             np.testing.assert_array_equal(np.asarray(value), after_calls[key], err_msg=key)
