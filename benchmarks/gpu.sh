@@ -18,8 +18,8 @@
 # attention, cuDNN's in bfloat16 on a GPU, then XLA's); the training step of GPT-2 small in
 # bfloat16 at 16 x 1024 (jaxformer by default, with cuDNN's attention taking every mask as a
 # bias, torch_ref eager, torch.compile: MFU; a profile of the jaxformer steps, summed by
-# kernel); GPT-2's step with each update dispatched before the previous loss is read;
-# BERT-base's training step in bfloat16 at 32 x 512 (the same, XLA's attention too, and its
+# kernel); GPT-2's and BERT-base's steps with each update dispatched before the previous loss is
+# read; BERT-base's training step in bfloat16 at 32 x 512 (the same, XLA's attention too, and its
 # profile); GPT-2's step with XLA's Triton GEMMs on and off and with XLA's attention; the model
 # parity files.
 # The first lease (docs/performance.md, "On a GPU") found the training steps with torch.compile
@@ -78,6 +78,8 @@ step profile-gpt2 40 "$PY" benchmarks/profile_summary.py "$OUT/profile/gpt2/jaxf
 # previous one's loss is read, four updates a call, paired with the usual step
 step train-gpt2-late 200 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models gpt2 --batch 16 \
     --seq 1024 --jax-only --updates-per-call 4 --jax-variants late-fetch --tag late-fetch
+step train-bert-late 200 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models bert --batch 32 \
+    --seq 512 --jax-only --updates-per-call 4 --jax-variants late-fetch --tag late-fetch
 step train-bert 270 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models bert --batch 32 \
     --seq 512 --jax-variants xla,cudnn-bias --profile "$OUT/profile"
 step profile-bert 40 "$PY" benchmarks/profile_summary.py "$OUT/profile/bert/jaxformer" \
