@@ -287,49 +287,87 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
                                         "data_position": trainer.step * config.accumulation_steps})
 
     losses, saved_at, interrupted, aborted = [], start if options.resume else None, None, False
+    ahead = trainer.dispatch_ahead if options.dispatch_ahead is None else options.dispatch_ahead
+    clock = time.perf_counter()  # when the previous update's bookkeeping ended
+
+    def settles(step: int) -> bool:
+        """Whether the loop reads the state ``step`` leaves (an evaluation, a save, the end)
+        before the next update may be dispatched."""
+        due = [options.eval_every if eval_sets else 0, options.checkpoint_every]
+        return step == start or step + 1 == config.steps or any(
+            every and (step + 1) % every == 0 for every in due)
+
+    def stop_requested(step: int) -> bool:
+        """After ``step`` (not the last): every process stops after the same step (a signal may
+        reach only one of them)."""
+        return step + 1 < config.steps and distributed.any_process(signals.received is not None)
+
+    def finish(step: int, metrics: dict) -> None:
+        """Update ``step``'s bookkeeping: its metrics read (waiting for the update), the
+        divergence check, its metrics line, its evaluation and its checkpoint when due (the
+        state is then this update's: ``settles``), its progress line. Its ``seconds`` run from
+        the end of the previous update's bookkeeping to its metrics being read: the batch's
+        preparation counts, evaluations and saves do not."""
+        nonlocal saved_at, clock
+        result = trainer.fetch(metrics)
+        seconds = time.perf_counter() - clock
+        for name in ("loss", "grad_norm"):
+            if not math.isfinite(result[name]):
+                raise TrainingDiverged(
+                    f"step {step + 1}: the {name.replace('_', ' ')} is {result[name]}; "
+                    f"training stopped. The last good checkpoint is step "
+                    f"{checkpointer.latest_step()} in {checkpointer.directory}")
+        record = {"step": step + 1, "loss": result["loss"],
+                  "learning_rate": result["learning_rate"],
+                  "grad_norm": result["grad_norm"], "seconds": seconds,
+                  "tokens_per_s": data_tokens(train_set, config) / seconds}
+        if step_flops is not None:
+            record["model_tflops_per_s"] = step_flops / seconds / 1e12
+            if options.peak_tflops:
+                record["mfu"] = record["model_tflops_per_s"] / options.peak_tflops
+        last = step + 1 == config.steps
+        if eval_sets and ((step + 1) % options.eval_every == 0 or last):
+            record[eval_key] = sum(map(trainer.evaluate, eval_sets)) / len(eval_sets)
+            if tasks.get(family).accuracy:  # equal batches: the mean of their means
+                record[eval_key.replace("loss", "accuracy")] = sum(
+                    map(trainer.accuracy, eval_sets)) / len(eval_sets)
+        metrics_file.write(json.dumps(record) + "\n")
+        metrics_file.flush()
+        losses.append(result["loss"])
+        reporting.report(record, config.steps, bar, progress, options.log_every, stream, last)
+        if options.checkpoint_every and (step + 1) % options.checkpoint_every == 0:
+            save()
+            saved_at = trainer.step
+        clock = time.perf_counter()
+
     try:
         with open(metrics_path if primary else os.devnull, "a") as metrics_file, signals:
+            # With ``ahead`` (an accelerator: TrainStep.dispatch_ahead), an update whose state
+            # nothing reads is left running while the next one is dispatched, and its metrics
+            # are read after that: the device never waits for the host between updates. The
+            # metrics, checkpoints and losses are the same either way (test_dispatch_ahead.py).
+            pending = None  # (step, metrics on the device) of an update dispatched ahead
             for step in range(start, config.steps):
                 batch = train_set.update_batch(step, rows)
-                began = time.perf_counter()
                 if step == start:  # the first update of a process compiles the step
                     with status.phase("compile", _compile_phase(options.framework)):
-                        result = trainer(batch)
+                        metrics = trainer.dispatch(batch)
+                        trainer.fetch(metrics)  # compiled and run
                     bar = progress_bar() if use_bar else None
                 else:
-                    result = trainer(batch)
-                seconds = time.perf_counter() - began
-                for name in ("loss", "grad_norm"):
-                    if not math.isfinite(result[name]):
-                        raise TrainingDiverged(
-                            f"step {step + 1}: the {name.replace('_', ' ')} is {result[name]}; "
-                            f"training stopped. The last good checkpoint is step "
-                            f"{checkpointer.latest_step()} in {checkpointer.directory}")
-                record = {"step": step + 1, "loss": result["loss"],
-                          "learning_rate": result["learning_rate"],
-                          "grad_norm": result["grad_norm"], "seconds": seconds,
-                          "tokens_per_s": data_tokens(train_set, config) / seconds}
-                if step_flops is not None:
-                    record["model_tflops_per_s"] = step_flops / seconds / 1e12
-                    if options.peak_tflops:
-                        record["mfu"] = record["model_tflops_per_s"] / options.peak_tflops
-                last = step + 1 == config.steps
-                if eval_sets and ((step + 1) % options.eval_every == 0 or last):
-                    record[eval_key] = sum(map(trainer.evaluate, eval_sets)) / len(eval_sets)
-                    if tasks.get(family).accuracy:  # equal batches: the mean of their means
-                        record[eval_key.replace("loss", "accuracy")] = sum(
-                            map(trainer.accuracy, eval_sets)) / len(eval_sets)
-                metrics_file.write(json.dumps(record) + "\n")
-                metrics_file.flush()
-                losses.append(result["loss"])
-                reporting.report(record, config.steps, bar, progress,
-                                 options.log_every, stream, last)
-                if options.checkpoint_every and (step + 1) % options.checkpoint_every == 0:
-                    save()
-                    saved_at = trainer.step
-                # every process stops after the same step (a signal may reach only one)
-                if distributed.any_process(signals.received is not None) and not last:
-                    interrupted = signals.received or "a signal to another process"
+                    metrics = trainer.dispatch(batch)
+                stopping = False
+                if pending is not None:  # the previous update, read now that this one runs
+                    finish(*pending)
+                    stopping = stop_requested(pending[0])  # this one then finishes too
+                    pending = None
+                if ahead and not settles(step) and not stopping:
+                    pending = (step, metrics)
+                    continue
+                finish(step, metrics)
+                if stopping or stop_requested(step):
+                    if step + 1 < config.steps:
+                        interrupted = signals.received or "a signal to another process"
                     break
             # the end of the run, or an interrupt: the state reached is always saved
             if saved_at != trainer.step:

@@ -52,6 +52,9 @@ class RunOptions:
     export_hf: str | None = None
     overwrite: bool = False  # --export-hf may replace a previous export (never anything else)
     mesh: str | None = None  # "data=2,fsdp=2,tensor=2": train sharded (jaxformer.sharding)
+    # dispatch each update before reading the previous one's metrics (None: the train step
+    # decides, TrainStep.dispatch_ahead: on an accelerator); the results are the same either way
+    dispatch_ahead: bool | None = None
     stream: TextIO | None = field(default=None, repr=False)  # plain progress lines (default stdout)
     # False when the warm-up was derived from --steps rather than given: on --resume the run's
     # own warm-up is kept (extending a run does not move it)

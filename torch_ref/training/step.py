@@ -77,6 +77,12 @@ class TrainStep:
     def __call__(self, batch: dict) -> dict[str, float]:
         return self.fetch(self.dispatch(batch))
 
+    @property
+    def dispatch_ahead(self) -> bool:
+        """Whether a loop should dispatch the next update before fetching this one's metrics:
+        on CUDA, whose kernels run while the host goes on; not on a CPU."""
+        return next(self.model.parameters()).device.type != "cpu"
+
     def dispatch(self, batch: dict) -> dict:
         """The update; its loss and gradient norm stay tensors on the model's device (on CUDA,
         not waited for) until :meth:`fetch` reads them."""
