@@ -53,3 +53,13 @@ def test_bench_train_runs_and_its_profile_is_summarised(tmp_path):
     host = " ".join(json.dumps(t) for t in threads)
     assert "step.py" in host, host[:2000]
     assert "PjitFunction" in host, host[:2000]
+
+
+def test_bench_loop_runs():
+    """``bench_loop.py``: a tiny ``jaxformer train`` run with and without dispatching ahead; the
+    two runs' losses are the same."""
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_loop.py"), "--steps", "4",
+                           "--rounds", "1", "--batch", "2", "--seq", "16", "--no-save"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "losses identical: True" in done.stdout, done.stdout[-2000:]

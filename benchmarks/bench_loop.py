@@ -1,0 +1,128 @@
+#!/usr/bin/env python
+"""``jaxformer train``'s own loop, with and without dispatching ahead (``docs/training.md``).
+
+``bench_train.py`` times the train step; this times the loop users run (``training.loop.train``:
+the batch's preparation, the update, the metrics line and the progress report): ``--rounds``
+rounds, each a run of ``--steps`` updates with ``RunOptions.dispatch_ahead`` False and one with
+it True, the order reversed every other round; each run's per-update ``seconds`` from its
+``metrics.jsonl`` (the first update, which compiles, left out), the median over the rounds'
+updates per mode, and the ratio. On a CPU the loop's default is not to dispatch ahead; on a GPU
+it is. The corpus is random words written by the script (nothing downloaded); no checkpoints
+but the run's last, no evaluations.
+
+    python benchmarks/bench_loop.py --preset gpt2 --dtype bfloat16 --batch 16 --seq 1024
+    python benchmarks/bench_loop.py --steps 20 --rounds 1 --no-save    # a quick look (tiny)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def corpus(path: Path, lines: int, seed: int = 0) -> str:
+    rng = np.random.RandomState(seed)
+    words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.randint(2, 9)))
+             for _ in range(400)]
+    path.write_text("\n".join(" ".join(rng.choice(words, rng.randint(8, 20)))
+                              for _ in range(lines)) + "\n")
+    return str(path)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--family", default="gpt")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--dtype", default=None, help="compute dtype (default: the preset's)")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    p.add_argument("--tag", default="")
+    p.add_argument("--no-save", action="store_true")
+    args = p.parse_args(argv)
+    if args.steps < 3 or args.rounds < 1:
+        p.error("--steps must be at least 3 and --rounds at least 1")
+
+    import jax
+
+    from jaxformer.training import loop
+    from jaxformer.training.config import TrainConfig
+
+    work = Path(tempfile.mkdtemp(prefix="bench_loop-"))
+    data = corpus(work / "corpus.txt", lines=max(2000, args.batch * args.seq // 4))
+    seconds = {False: [], True: []}
+    runs = []
+    for r in range(args.rounds):
+        for ahead in ((False, True) if r % 2 == 0 else (True, False)):
+            run_dir = work / f"round{r}-{'ahead' if ahead else 'plain'}"
+            options = loop.RunOptions(family=args.family, data=data, preset=args.preset,
+                                      dtype=args.dtype, checkpoint_dir=str(run_dir),
+                                      checkpoint_every=0, progress="none",
+                                      dispatch_ahead=ahead)
+            loop.train(TrainConfig(steps=args.steps, batch_size=args.batch, seq_len=args.seq),
+                       options)
+            records = [json.loads(line) for line in
+                       (run_dir / "metrics.jsonl").read_text().splitlines()]
+            times = [rec["seconds"] for rec in records[1:]]  # the first update compiles
+            seconds[ahead] += times
+            runs.append({"round": r, "dispatch_ahead": ahead, "seconds": times,
+                         "losses": [rec["loss"] for rec in records]})
+            print(f"round {r + 1}/{args.rounds} dispatch_ahead={ahead}: median "
+                  f"{1e3 * statistics.median(times):.2f} ms per update", flush=True)
+    same = all(a["losses"] == b["losses"] for a in runs for b in runs)
+    median = {k: statistics.median(v) for k, v in seconds.items()}
+    device = jax.devices()[0]
+    result = {
+        "benchmark": "bench_loop", "command": " ".join(["python", *sys.argv]),
+        "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device": getattr(device, "device_kind", str(device)), "platform": device.platform,
+        "host": platform.processor() or platform.machine(), "jax": jax.__version__,
+        "args": vars(args), "tokens_per_update": args.batch * args.seq,
+        "median_ms": {"plain": 1e3 * median[False], "ahead": 1e3 * median[True]},
+        "ratio_ahead_over_plain": median[False] / median[True],
+        "same_losses": same, "runs": runs}
+    print(f"{result['device']}: {1e3 * median[False]:.2f} ms plain, {1e3 * median[True]:.2f} ms "
+          f"dispatching ahead per update (medians over {args.rounds} rounds): "
+          f"{result['ratio_ahead_over_plain']:.3f}x; losses identical: {same}")
+    if args.no_save:
+        return 0
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stem = Path(args.out) / (f"loop_{device.platform}_{args.family}-{args.preset}_"
+                             f"{datetime.date.today()}{'_' + args.tag if args.tag else ''}")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for run in runs:
+        ax.plot(range(2, len(run["seconds"]) + 2), [1e3 * s for s in run["seconds"]],
+                color="tab:orange" if run["dispatch_ahead"] else "tab:blue", alpha=0.7,
+                label=("dispatching ahead" if run["dispatch_ahead"] else "plain")
+                if run["round"] < 2 else None)
+    ax.set(xlabel="update", ylabel="ms per update (metrics.jsonl)",
+           title=f"jaxformer train {args.family} {args.preset} {args.batch}x{args.seq} on "
+                 f"{result['device']}: {result['ratio_ahead_over_plain']:.3f}x")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(stem.with_suffix(".png"), dpi=120)
+    print(f"wrote {stem}.json, {stem}.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
