@@ -6,7 +6,9 @@ the batch's preparation, the update, the metrics line and the progress report): 
 rounds, each a run of ``--steps`` updates with ``RunOptions.dispatch_ahead`` False and one with
 it True, the order reversed every other round; each run's per-update ``seconds`` from its
 ``metrics.jsonl`` (the first update, which compiles, left out), the median over the rounds'
-updates per mode, and the ratio. On a CPU the loop's default is not to dispatch ahead; on a GPU
+updates per mode, and the ratio. The runs' losses are compared: identical on a CPU, and on a GPU
+with ``XLA_FLAGS=--xla_gpu_deterministic_ops=true`` (without it XLA's atomics differ run to run
+in the last bits). On a CPU the loop's default is not to dispatch ahead; on a GPU
 it is. The corpus is random words written by the script (nothing downloaded); no checkpoints
 but the run's last, no evaluations.
 

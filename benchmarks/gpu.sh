@@ -12,16 +12,17 @@
 # torch (CUDA) and transformers; the repository is put on PYTHONPATH, nothing is installed.
 #
 # Steps: the versions and the card; the GPU-marked tests (cuDNN flash attention, float32 parity
-# against CUDA torch); the bfloat16 model tests (cuDNN attention by default there); the main
-# job (`jaxformer parity`) on the GPU; greedy decoding of GPT-2 small (batch 1 and 8, float32,
-# against Hugging Face); the bfloat16 forward of BERT-base and GPT-2 small (the default
-# attention, cuDNN's in bfloat16 on a GPU, then XLA's); the training step of GPT-2 small in
-# bfloat16 at 16 x 1024 (jaxformer by default, with cuDNN's attention taking every mask as a
-# bias, torch_ref eager, torch.compile: MFU; a profile of the jaxformer steps, summed by
-# kernel); GPT-2's and BERT-base's steps with each update dispatched before the previous loss is
-# read; BERT-base's training step in bfloat16 at 32 x 512 (the same, XLA's attention too, and its
-# profile); GPT-2's step with XLA's Triton GEMMs on and off and with XLA's attention; the model
-# parity files.
+# against CUDA torch); the loop dispatching ahead (deterministic kernels); the bfloat16 model
+# tests (cuDNN attention by default there); the main job (`jaxformer parity`) on the GPU; greedy
+# decoding of GPT-2 small (batch 1 and 8, float32, against Hugging Face); the bfloat16 forward of
+# BERT-base and GPT-2 small (the default attention, cuDNN's in bfloat16 on a GPU, then XLA's); the
+# training step of GPT-2 small in bfloat16 at 16 x 1024 (jaxformer by default, with cuDNN's
+# attention taking every mask as a bias, torch_ref eager, torch.compile: MFU; a profile of the
+# jaxformer steps, summed by kernel); GPT-2's and BERT-base's steps with each update dispatched
+# before the previous loss is read; jaxformer train's loop with and without dispatching ahead
+# (bench_loop.py); BERT-base's training step in bfloat16 at 32 x 512 (the same, XLA's attention
+# too, and its profile); GPT-2's step with XLA's Triton GEMMs on and off and with XLA's attention;
+# the model parity files.
 # The first lease (docs/performance.md, "On a GPU") found the training steps with torch.compile
 # need more than 200 s each: give the run its whole deadline.
 set -u
@@ -61,6 +62,9 @@ step tests-gpu 120 "$PY" -m pytest -q -p no:cacheprovider parity_tests/test_gpu.
 # the bfloat16 model tests: "auto" attention is cuDNN's on a GPU since the fourth lease
 step tests-bf16 90 "$PY" -m pytest -q -p no:cacheprovider parity_tests/models/test_bf16.py \
     parity_tests/models/test_autocast.py
+# jaxformer train dispatches ahead on a GPU: the same run bit for bit (deterministic kernels)
+step tests-ahead 90 env XLA_FLAGS=--xla_gpu_deterministic_ops=true "$PY" -m pytest -q \
+    -p no:cacheprovider parity_tests/training/test_dispatch_ahead.py
 step parity 60 "$PY" -m jaxformer.cli parity
 step decode 90 "$PY" benchmarks/bench_decode.py --device gpu --matmul-precision default \
     --out "$OUT" --batches 1,8 --new 128 --repeats 5
@@ -80,6 +84,9 @@ step train-gpt2-late 200 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models 
     --seq 1024 --jax-only --updates-per-call 4 --jax-variants late-fetch --tag late-fetch
 step train-bert-late 200 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models bert --batch 32 \
     --seq 512 --jax-only --updates-per-call 4 --jax-variants late-fetch --tag late-fetch
+# the loop itself (batches, metrics lines): GPT-2 small, dropout on, with and without
+step loop-gpt2 240 "$PY" benchmarks/bench_loop.py --preset gpt2 --dtype bfloat16 --batch 16 \
+    --seq 1024 --steps 30 --rounds 2 --out "$OUT"
 step train-bert 270 "$PY" benchmarks/bench_train.py "${TRAIN[@]}" --models bert --batch 32 \
     --seq 512 --jax-variants xla,cudnn-bias --profile "$OUT/profile"
 step profile-bert 40 "$PY" benchmarks/profile_summary.py "$OUT/profile/bert/jaxformer" \
