@@ -286,7 +286,8 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
             checkpointer.save(trainer, {"step": trainer.step, "identity": identity,
                                         "data_position": trainer.step * config.accumulation_steps})
 
-    losses, saved_at, interrupted, aborted = [], start if options.resume else None, None, False
+    losses: list[float] = []
+    saved_at, interrupted, aborted = start if options.resume else None, None, False
     ahead = trainer.dispatch_ahead if options.dispatch_ahead is None else options.dispatch_ahead
     clock = time.perf_counter()  # when the previous update's bookkeeping ended
 
