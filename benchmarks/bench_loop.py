@@ -8,9 +8,10 @@ it True, the order reversed every other round; each run's per-update ``seconds``
 ``metrics.jsonl`` (the first update, which compiles, left out), the median over the rounds'
 updates per mode, and the ratio. The runs' losses are compared: identical on a CPU, and on a GPU
 with ``XLA_FLAGS=--xla_gpu_deterministic_ops=true`` (without it XLA's atomics differ run to run
-in the last bits). On a CPU the loop's default is not to dispatch ahead; on a GPU
-it is. The corpus is random words written by the script (nothing downloaded); no checkpoints
-but the run's last, no evaluations.
+in the last bits). The JSON is written again after every run (a benchmark cut short keeps the
+runs it finished), the PNG at the end. On a CPU the loop's default is not to dispatch ahead; on
+a GPU it is. The corpus is random words written by the script (nothing downloaded); no
+checkpoints but the run's last, no evaluations.
 
     python benchmarks/bench_loop.py --preset gpt2 --dtype bfloat16 --batch 16 --seq 1024
     python benchmarks/bench_loop.py --steps 20 --rounds 1 --no-save    # a quick look (tiny)
@@ -65,7 +66,6 @@ def main(argv=None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="bench_loop-"))
     data = corpus(work / "corpus.txt", lines=max(2000, args.batch * args.seq // 4))
-    seconds = {False: [], True: []}
     runs = []
     for r in range(args.rounds):
         for ahead in ((False, True) if r % 2 == 0 else (True, False)):
@@ -79,51 +79,67 @@ def main(argv=None) -> int:
             records = [json.loads(line) for line in
                        (run_dir / "metrics.jsonl").read_text().splitlines()]
             times = [rec["seconds"] for rec in records[1:]]  # the first update compiles
-            seconds[ahead] += times
             runs.append({"round": r, "dispatch_ahead": ahead, "seconds": times,
                          "losses": [rec["loss"] for rec in records]})
             print(f"round {r + 1}/{args.rounds} dispatch_ahead={ahead}: median "
                   f"{1e3 * statistics.median(times):.2f} ms per update", flush=True)
-    same = all(a["losses"] == b["losses"] for a in runs for b in runs)
-    median = {k: statistics.median(v) for k, v in seconds.items()}
+            result = summary(args, runs, jax)
+            if not args.no_save:  # after every run: a run cut short keeps the finished ones
+                stem = Path(args.out) / (
+                    f"loop_{result['platform']}_{args.family}-{args.preset}_"
+                    f"{datetime.date.today()}{'_' + args.tag if args.tag else ''}")
+                stem.parent.mkdir(parents=True, exist_ok=True)
+                stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    median = result["median_ms"]
+    print(f"{result['device']}: {median['plain']:.2f} ms plain, {median['ahead']:.2f} ms "
+          f"dispatching ahead per update (medians over {args.rounds} rounds): "
+          f"{result['ratio_ahead_over_plain']:.3f}x; losses identical: {result['same_losses']}")
+    if not args.no_save:
+        plot(args, result, stem.with_suffix(".png"))
+        print(f"wrote {stem}.json, {stem}.png")
+    return 0
+
+
+def summary(args, runs: list[dict], jax) -> dict:
+    """The result so far: per mode the median of its runs' per-update seconds, and the ratio
+    once both modes have run."""
+    median = {}
+    for mode, ahead in (("plain", False), ("ahead", True)):
+        times = [t for run in runs if run["dispatch_ahead"] == ahead for t in run["seconds"]]
+        median[mode] = 1e3 * statistics.median(times) if times else None
     device = jax.devices()[0]
-    result = {
+    return {
         "benchmark": "bench_loop", "command": " ".join(["python", *sys.argv]),
         "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "device": getattr(device, "device_kind", str(device)), "platform": device.platform,
         "host": platform.processor() or platform.machine(), "jax": jax.__version__,
-        "args": vars(args), "tokens_per_update": args.batch * args.seq,
-        "median_ms": {"plain": 1e3 * median[False], "ahead": 1e3 * median[True]},
-        "ratio_ahead_over_plain": median[False] / median[True],
-        "same_losses": same, "runs": runs}
-    print(f"{result['device']}: {1e3 * median[False]:.2f} ms plain, {1e3 * median[True]:.2f} ms "
-          f"dispatching ahead per update (medians over {args.rounds} rounds): "
-          f"{result['ratio_ahead_over_plain']:.3f}x; losses identical: {same}")
-    if args.no_save:
-        return 0
+        "args": vars(args), "tokens_per_update": args.batch * args.seq, "median_ms": median,
+        "ratio_ahead_over_plain": (median["plain"] / median["ahead"]
+                                   if None not in median.values() else None),
+        "same_losses": all(a["losses"] == b["losses"] for a in runs for b in runs),
+        "runs": runs}
+
+
+def plot(args, result: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stem = Path(args.out) / (f"loop_{device.platform}_{args.family}-{args.preset}_"
-                             f"{datetime.date.today()}{'_' + args.tag if args.tag else ''}")
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     fig, ax = plt.subplots(figsize=(8, 4))
-    for run in runs:
+    labelled = set()
+    for run in result["runs"]:
+        mode = "dispatching ahead" if run["dispatch_ahead"] else "plain"
         ax.plot(range(2, len(run["seconds"]) + 2), [1e3 * s for s in run["seconds"]],
                 color="tab:orange" if run["dispatch_ahead"] else "tab:blue", alpha=0.7,
-                label=("dispatching ahead" if run["dispatch_ahead"] else "plain")
-                if run["round"] < 2 else None)
+                label=None if mode in labelled else mode)
+        labelled.add(mode)
     ax.set(xlabel="update", ylabel="ms per update (metrics.jsonl)",
            title=f"jaxformer train {args.family} {args.preset} {args.batch}x{args.seq} on "
                  f"{result['device']}: {result['ratio_ahead_over_plain']:.3f}x")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(stem.with_suffix(".png"), dpi=120)
-    print(f"wrote {stem}.json, {stem}.png")
-    return 0
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
