@@ -6,6 +6,7 @@ Shapes: B batch, T query length, S key length, C hidden size, nh heads, hs head 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable
@@ -44,7 +45,9 @@ def cudnn_attention(q, k, v, mask, kernel=None):
     library builds are mostly such: GPT's and the decoder's causal mask AND right padding, BERT's
     and the encoder's right padding. Which one a mask is, is data (the padding comes with the
     batch), so it is checked on the device, one comparison of the mask with each pattern (cheap
-    next to attention), and ``lax.switch`` runs the branch it selects: causal (no padding),
+    next to attention), and ``lax.switch`` runs the branch it selects; a mask that is no data (a
+    constant when the model is traced: GPT's causal mask when there is no padding mask) has its
+    branch chosen then, without a conditional. The branches: causal (no padding),
     causal with key lengths, key lengths, or the bias for anything else (left padding, holes,
     per-head masks). Each branch computes the attention the mask defines, so the choice never
     changes what is computed, only how. A query row whose keys are all masked takes the bias:
@@ -63,19 +66,24 @@ def cudnn_attention(q, k, v, mask, kernel=None):
     if mask is None:
         return call()
     B, T, S = q.shape[0], q.shape[1], k.shape[1]
-    mask = jnp.asarray(mask)
-    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    # A mask known when the model is traced (GPT's causal mask without padding: a numpy
+    # constant, masks.causal_mask) has its branch chosen then: no conditional on the device.
+    known = not isinstance(mask, jax.core.Tracer)
+    with jax.ensure_compile_time_eval() if known else contextlib.nullcontext():
+        mask = jnp.asarray(mask)
+        mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+        typed = mask.shape[1] == 1 and runtime.cudnn_mask_types()
+        index, lengths = mask_pattern(mask, B, T, S) if typed else (0, None)
 
     def bias():
         return call(mask=jnp.broadcast_to(mask, mask.shape[:2] + (T, S)))
 
-    if mask.shape[1] != 1 or not runtime.cudnn_mask_types():
-        return bias()
-    index, lengths = mask_pattern(mask, B, T, S)
     branches = [bias, lambda: call(key_value_seq_lengths=lengths)]
     if T == S:
         branches += [lambda: call(is_causal=True, key_value_seq_lengths=lengths),
                      lambda: call(is_causal=True)]
+    if known or not typed:
+        return branches[int(index)]()
     return jax.lax.switch(index, branches)
 
 

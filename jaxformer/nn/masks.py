@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # A query row whose keys are all masked gets every score replaced by the same MASK_VALUE, so its
 # softmax is uniform and its output is the mean of all value vectors: finite, and identical in
@@ -28,10 +29,13 @@ def padding_mask(attention_mask) -> jnp.ndarray:
     return jnp.asarray(attention_mask).astype(bool)[:, None, None, :]
 
 
-def causal_mask(q_len: int, k_len: int | None = None) -> jnp.ndarray:
-    """``[1, 1, q_len, k_len]``: query i sees keys j <= i (+ k_len - q_len when they differ)."""
+def causal_mask(q_len: int, k_len: int | None = None) -> np.ndarray:
+    """``[1, 1, q_len, k_len]``: query i sees keys j <= i (+ k_len - q_len when they differ).
+    A numpy array: inside a traced model it stays a constant known at trace time, so attention
+    can choose its kernel for it then (``attention.cudnn_attention``); combined with a traced
+    padding mask it becomes part of the traced mask."""
     k_len = q_len if k_len is None else k_len
-    return jnp.tril(jnp.ones((q_len, k_len), dtype=bool), k=k_len - q_len)[None, None]
+    return np.tril(np.ones((q_len, k_len), dtype=bool), k=k_len - q_len)[None, None]
 
 
 def combine_masks(*masks: jax.Array | None) -> jnp.ndarray | None:

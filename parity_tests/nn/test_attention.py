@@ -263,13 +263,44 @@ def test_cudnn_mask_types_switch(monkeypatch):
     q, k, v = (jnp.asarray(a) for a in qkv(rng, 2, 6, 6, 2, 8))
     mask = jnp.asarray(build_mask("causal_right_padding", 2, 6, 6, 2, rng))
 
-    def program():
-        return str(jax.make_jaxpr(lambda q: jl.cudnn_attention(q, k, v, mask,
-                                                               kernel=xla_kernel))(q))
+    def program():  # the mask is data: an argument of the traced function
+        return str(jax.make_jaxpr(lambda q, mask: jl.cudnn_attention(q, k, v, mask,
+                                                                     kernel=xla_kernel))(q, mask))
 
     assert "cond[" in program()
     monkeypatch.setenv("JAXFORMER_CUDNN_MASK_TYPES", "0")
     assert "cond[" not in program()
+
+
+@pytest.mark.parametrize(("B", "T", "S"), [(3, 6, 6), (2, 4, 7)])
+def test_cudnn_known_mask_has_its_branch_chosen_when_traced(B, T, S):
+    """A mask that is a constant of the trace (GPT's causal mask without padding is a numpy
+    array, ``masks.causal_mask``) takes its branch at trace time: no conditional in the program,
+    and the output and gradients of XLA's attention on the dense mask. Not bit for bit those of
+    the same mask given as data: XLA folds the constant mask or key lengths into its fusions
+    (up to 6.5e-7 apart here), which cuDNN's kernel, taking them as arguments, does not."""
+    rng = np.random.RandomState(9)
+    q, k, v = (jnp.asarray(a) for a in qkv(rng, B, T, S, 2, 8))
+    cotangent = jnp.asarray(rng.randn(B, T, 2, 8).astype(np.float32))
+    for kind in BRANCHES:
+        mask = np.broadcast_to(branch_mask(kind, B, T, S, rng), (B, 1, T, S))
+
+        def known(q, k, v, _, mask=mask):  # the mask closed over: a constant when traced
+            return jl.cudnn_attention(q, k, v, mask, kernel=xla_kernel)
+
+        program = str(jax.make_jaxpr(known)(q, k, v, None))
+        assert "cond[" not in program, kind
+        expected = _loss_gradients(_dense, q, k, v, jnp.asarray(mask), cotangent)
+        actual = _loss_gradients(known, q, k, v, None, cotangent)
+        # test_cudnn_mask_branches' bound, FORWARD_RTOL (1e-5), for the same reason: measured
+        # here at most 6.5e-7 over outputs and gradients (15x margin), the same on the default
+        # ISA and AVX2-capped, 1 core and 2 (parity_tests.tools.margins, 2026-11-27).
+        assert_close(expected[1], actual[1], what=f"{kind} output")
+        for name, e, a in zip("qkv", expected[0], actual[0], strict=True):
+            assert_close(e, a, what=f"{kind} gradient of {name}")
+    causal = jax.make_jaxpr(lambda q: jl.cudnn_attention(q, q, q, causal_mask(T),
+                                                         kernel=xla_kernel))(q)
+    assert "cond[" not in str(causal)
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="needs a backend without cuDNN")
