@@ -136,7 +136,7 @@ def make_batch(family: str, cfg, tc, seed: int) -> tuple[dict, int | None]:
     rng = np.random.RandomState(seed)
     if family == "gpt":
         ids = rng.randint(0, cfg.vocab_size, (B, T))
-        out, head_positions = {"input_ids": ids, "attention_mask": np.ones_like(ids)}, None
+        out, head_positions = {"input_ids": ids}, None  # full windows: no mask (the task's)
     else:
         ids, segments, mask = make_inputs("bert", cfg, B, T, None, seed)
         P = min(getattr(tc, "max_predictions", 0), T)

@@ -158,7 +158,8 @@ def _targets(family: str, batch: dict) -> tuple[np.ndarray, np.ndarray]:
     if family == "transformer" or "labels" in batch:
         labels = np.asarray(batch["labels"])
         return labels, labels != -100
-    ids, mask = np.asarray(batch["input_ids"]), np.asarray(batch["attention_mask"]).astype(bool)
+    ids = np.asarray(batch["input_ids"])
+    mask = np.asarray(batch.get("attention_mask", np.ones_like(ids))).astype(bool)
     pad = np.zeros_like(ids[:, :1])
     targets = np.concatenate([ids[:, 1:], pad], axis=1)
     valid = np.concatenate([mask[:, :-1] & mask[:, 1:], pad.astype(bool)], axis=1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxformer import validate
@@ -29,7 +30,8 @@ def position_ids_from_mask(attention_mask) -> jnp.ndarray:
     return jnp.where(mask, jnp.cumsum(mask, axis=-1, dtype=jnp.int32) - 1, 0)
 
 
-def attention_mask_4d(attention_mask: jax.typing.ArrayLike | None, seq_len: int) -> jnp.ndarray:
+def attention_mask_4d(attention_mask: jax.typing.ArrayLike | None,
+                      seq_len: int) -> jax.Array | np.ndarray:
     """Causal AND padding: boolean ``(B or 1, 1, T, T)``, True = may attend."""
     causal = causal_mask(seq_len)
     if attention_mask is None:

@@ -38,7 +38,7 @@ def causal_mask(q_len: int, k_len: int | None = None) -> np.ndarray:
     return np.tril(np.ones((q_len, k_len), dtype=bool), k=k_len - q_len)[None, None]
 
 
-def combine_masks(*masks: jax.Array | None) -> jnp.ndarray | None:
+def combine_masks(*masks: jax.Array | np.ndarray | None) -> jax.Array | np.ndarray | None:
     """Logical AND of the masks that are not None (broadcasting); None if all are None."""
     given = [m for m in masks if m is not None]
     if not given:

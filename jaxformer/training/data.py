@@ -199,8 +199,7 @@ class RandomWindows(Dataset):
         rng = np.random.default_rng([self.config.seed, self._stream, 2, position])
         offsets = rng.integers(0, self.num_examples, size)[lo:hi]  # cheap: draw all, keep ours
         windows = self.tokens[offsets[:, None] + np.arange(self.config.seq_len + 1)]
-        batch = {"input_ids": windows[:, :-1], "attention_mask": np.ones_like(windows[:, :-1]),
-                 "labels": windows[:, 1:]}
+        batch = {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}  # full: no mask
         return batch if rows is None else Rows(batch, lo, size)
 
     def eval_batch_size(self) -> int:

@@ -94,10 +94,11 @@ def pretraining_batch_loss(model, batch: dict, config: TrainConfig):
 def causal_lm_batch_loss(model, batch: dict, config: TrainConfig):
     """The causal LM (``tasks.CAUSAL_LM``); a batch with ``labels``, from random windows, is
     scored against them at every position."""
-    logits = model(batch["input_ids"], batch["attention_mask"])
+    mask = batch.get("attention_mask")  # none: full windows (tasks.CAUSAL_LM)
+    logits = model(batch["input_ids"], mask)
     if "labels" in batch:  # random windows (nanoGPT): a target for each of the T positions
         return cross_entropy(logits, batch["labels"])
-    return causal_lm_loss(logits, batch["input_ids"], batch["attention_mask"])
+    return causal_lm_loss(logits, batch["input_ids"], mask)
 
 
 def seq2seq_batch_loss(model, batch: dict, config: TrainConfig):

@@ -19,7 +19,7 @@ def predictions(family: str, model, batch: dict) -> dict:
     tasks.get(family)
     if family == "gpt":
         return {"token_predictions": torch.argmax(
-            model(batch["input_ids"], batch["attention_mask"]), dim=-1)}
+            model(batch["input_ids"], batch.get("attention_mask")), dim=-1)}
     if family == "transformer":
         return {"token_predictions": torch.argmax(model(
             batch["src_ids"], batch["tgt_ids"], batch["src_mask"], batch["tgt_mask"]), dim=-1)}

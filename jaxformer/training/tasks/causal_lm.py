@@ -27,7 +27,10 @@ class CausalLM(Task):
     into windows of ``seq_len`` tokens and the loss predicts each next token of a window
     (``seq_len - 1`` predictions); ``"random"`` is nanoGPT's ``get_batch``
     (``data.RandomWindows``): ``seq_len + 1`` tokens at random offsets, ``input_ids`` the first
-    ``seq_len``, ``labels`` the last ``seq_len``."""
+    ``seq_len``, ``labels`` the last ``seq_len``. Every window is full, so a batch carries no
+    ``attention_mask``: the model's causal mask is then a constant when it is traced, which lets
+    cuDNN's attention run as its causal type without a conditional (``nn.attention``); a batch
+    given one (padded text) is read with it."""
 
     def special_ids(self, tokenizer) -> dict[str, int]:
         """None with a character tokenizer (its stream is the raw text, with no ``[SEP]``). A
@@ -64,7 +67,7 @@ class CausalLM(Task):
         def dataset(rows, stream_id):
             def make(indices, rngs):
                 ids = windows[rows[indices]]
-                return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+                return {"input_ids": ids}  # full windows: no padding, no mask
             return Dataset(self.name, len(rows), make, config, tokens_per_example=T,
                            stream=stream_id)
 
@@ -78,5 +81,5 @@ class CausalLM(Task):
 
 CAUSAL_LM = CausalLM(
     name="gpt", config_class=GPTConfig, model_module="models.gpt", model="GPT",
-    loss="causal_lm_batch_loss", batch_keys=("input_ids", "attention_mask"),
+    loss="causal_lm_batch_loss", batch_keys=("input_ids",),
     needed_specials=("[SEP]",), hf_export=True)
