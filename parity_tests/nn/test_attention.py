@@ -303,6 +303,33 @@ def test_cudnn_known_mask_has_its_branch_chosen_when_traced(B, T, S):
     assert "cond[" not in str(causal)
 
 
+def test_gpt_training_loss_has_no_conditional_under_cudnn(monkeypatch):
+    """GPT's training batches carry no mask (``tasks.CAUSAL_LM``: full windows), so under cuDNN's
+    attention its loss has no conditional: the causal type is chosen when it is traced. Given a
+    padding mask (data), each layer keeps its switch. cuDNN stood in by XLA's kernel, which
+    takes the same arguments."""
+    from jaxformer.config import GPTConfig
+    from jaxformer.models.gpt import GPT
+    from jaxformer.training import losses
+    from jaxformer.training.config import TrainConfig
+
+    fused = jax.nn.dot_product_attention
+    monkeypatch.setattr(jax.nn, "dot_product_attention",
+                        lambda *a, implementation=None, **kw: fused(*a, implementation="xla", **kw))
+    config = dataclasses.replace(GPTConfig.tiny(), attention_implementation="cudnn",
+                                 dropout_rate=0.0, attention_dropout_rate=0.0)
+    model = GPT(config, rngs=nnx.Rngs(0))
+    ids = jnp.asarray(np.random.RandomState(0).randint(0, config.vocab_size, (2, 8)))
+
+    def program(batch):
+        return str(jax.make_jaxpr(lambda b: losses.causal_lm_batch_loss(model, b, TrainConfig()))(
+            batch))
+
+    assert "cond[" not in program({"input_ids": ids})
+    assert program({"input_ids": ids, "attention_mask": jnp.ones_like(ids)}).count(
+        "cond[") == config.num_layers
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="needs a backend without cuDNN")
 def test_auto_falls_back_where_cudnn_is_missing(monkeypatch):
     """``"auto"`` told to try cuDNN where there is none falls back to XLA's attention, bit for
