@@ -14,6 +14,7 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxformer import runtime
@@ -45,9 +46,9 @@ def cudnn_attention(q, k, v, mask, kernel=None):
     library builds are mostly such: GPT's and the decoder's causal mask AND right padding, BERT's
     and the encoder's right padding. Which one a mask is, is data (the padding comes with the
     batch), so it is checked on the device, one comparison of the mask with each pattern (cheap
-    next to attention), and ``lax.switch`` runs the branch it selects; a mask that is no data (a
-    constant when the model is traced: GPT's causal mask when there is no padding mask) has its
-    branch chosen then, without a conditional. The branches: causal (no padding),
+    next to attention), and ``lax.switch`` runs the branch it selects; a numpy mask is no data (a
+    constant when the model is traced: GPT's causal mask when there is no padding mask) and has
+    its branch chosen then, without a conditional. The branches: causal (no padding),
     causal with key lengths, key lengths, or the bias for anything else (left padding, holes,
     per-head masks). Each branch computes the attention the mask defines, so the choice never
     changes what is computed, only how. A query row whose keys are all masked takes the bias:
@@ -66,9 +67,9 @@ def cudnn_attention(q, k, v, mask, kernel=None):
     if mask is None:
         return call()
     B, T, S = q.shape[0], q.shape[1], k.shape[1]
-    # A mask known when the model is traced (GPT's causal mask without padding: a numpy
-    # constant, masks.causal_mask) has its branch chosen then: no conditional on the device.
-    known = not isinstance(mask, jax.core.Tracer)
+    # A mask known when the model is traced (a numpy array: GPT's causal mask without padding,
+    # masks.causal_mask) has its branch chosen then: no conditional on the device.
+    known = isinstance(mask, np.ndarray)
     with jax.ensure_compile_time_eval() if known else contextlib.nullcontext():
         mask = jnp.asarray(mask)
         mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
