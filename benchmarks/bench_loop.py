@@ -22,16 +22,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
+import learn_common
 import numpy as np
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 
 def corpus(path: Path, lines: int, seed: int = 0) -> str:
@@ -44,6 +41,7 @@ def corpus(path: Path, lines: int, seed: int = 0) -> str:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--family", default="gpt")
     p.add_argument("--preset", default="tiny")
@@ -52,12 +50,13 @@ def main(argv=None) -> int:
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    p.add_argument("--out", default=str(learn_common.RESULTS))
     p.add_argument("--tag", default="")
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
     if args.steps < 3 or args.rounds < 1:
         p.error("--steps must be at least 3 and --rounds at least 1")
+    record = learn_common.Run(argv)
 
     import jax
 
@@ -83,13 +82,13 @@ def main(argv=None) -> int:
                          "losses": [rec["loss"] for rec in records]})
             print(f"round {r + 1}/{args.rounds} dispatch_ahead={ahead}: median "
                   f"{1e3 * statistics.median(times):.2f} ms per update", flush=True)
-            result = summary(args, runs, jax)
+            result = {**record.finish(), "device": jax.devices()[0].device_kind,
+                      **summary(args, runs)}
             if not args.no_save:  # after every run: a run cut short keeps the finished ones
                 stem = Path(args.out) / (
-                    f"loop_{result['platform']}_{args.family}-{args.preset}_"
+                    f"loop_{jax.devices()[0].platform}_{args.family}-{args.preset}_"
                     f"{datetime.date.today()}{'_' + args.tag if args.tag else ''}")
-                stem.parent.mkdir(parents=True, exist_ok=True)
-                stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+                learn_common.write_json(stem.with_suffix(".json"), result)
     median = result["median_ms"]
     print(f"{result['device']}: {median['plain']:.2f} ms plain, {median['ahead']:.2f} ms "
           f"dispatching ahead per update (medians over {args.rounds} rounds): "
@@ -100,32 +99,23 @@ def main(argv=None) -> int:
     return 0
 
 
-def summary(args, runs: list[dict], jax) -> dict:
+def summary(args, runs: list[dict]) -> dict:
     """The result so far: per mode the median of its runs' per-update seconds, and the ratio
     once both modes have run."""
     median = {}
     for mode, ahead in (("plain", False), ("ahead", True)):
         times = [t for run in runs if run["dispatch_ahead"] == ahead for t in run["seconds"]]
         median[mode] = 1e3 * statistics.median(times) if times else None
-    device = jax.devices()[0]
-    return {
-        "benchmark": "bench_loop", "command": " ".join(["python", *sys.argv]),
-        "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "device": getattr(device, "device_kind", str(device)), "platform": device.platform,
-        "host": platform.processor() or platform.machine(), "jax": jax.__version__,
-        "args": vars(args), "tokens_per_update": args.batch * args.seq, "median_ms": median,
-        "ratio_ahead_over_plain": (median["plain"] / median["ahead"]
-                                   if None not in median.values() else None),
-        "same_losses": all(a["losses"] == b["losses"] for a in runs for b in runs),
-        "runs": runs}
+    return {"benchmark": "bench_loop", "args": vars(args),
+            "tokens_per_update": args.batch * args.seq, "median_ms": median,
+            "ratio_ahead_over_plain": (median["plain"] / median["ahead"]
+                                       if None not in median.values() else None),
+            "same_losses": all(a["losses"] == b["losses"] for a in runs for b in runs),
+            "runs": runs}
 
 
 def plot(args, result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = learn_common.pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     labelled = set()
     for run in result["runs"]:
@@ -139,7 +129,7 @@ def plot(args, result: dict, path: Path) -> None:
                  f"{result['device']}: {result['ratio_ahead_over_plain']:.3f}x")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    learn_common.save_figure(fig, path)
 
 
 if __name__ == "__main__":

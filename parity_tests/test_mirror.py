@@ -81,6 +81,7 @@ JAX_ONLY = {
                        "select the same Task by its key",
     "training/loop.py": "one training loop that drives either framework's step",
     "training/options.py": "the options and the result of that loop (either framework)",
+    "training/updates.py": "that loop's updates, driving either framework's step",
     "training/interrupts.py": "how `jaxformer train` answers SIGINT/SIGTERM (either framework)",
     "training/rundir.py": "the run directory of `jaxformer train` (files, no model)",
     "training/init.py": "`train --init-from`: a checkpoint's numpy state dict matched to the "

@@ -1,18 +1,17 @@
 """The training loop behind ``jaxformer train``, for either framework (shared glue, no twin).
 
-:func:`prepare` does everything before the first step (every refusal first); :func:`train` runs
-the step of ``frameworks.module(framework, "training.step")``, evaluates, checkpoints, and
-reports through ``reporting``; the run's files are ``rundir``'s. Nothing here imports torch.
+:func:`prepare` does everything before the first step (every refusal first); :func:`train` builds
+the step of ``frameworks.module(framework, "training.step")``, runs its updates (``updates``:
+evaluations, checkpoints, reports, signals), and ends the run (the last save, the export, the
+plot); the run's files are ``rundir``'s. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import math
 import os
 import sys
-import time
 from pathlib import Path
 
 from jaxformer import frameworks
@@ -37,14 +36,11 @@ from jaxformer.training.options import (
     RunResult,
 )
 from jaxformer.training.rundir import CheckpointDamaged, DamagedFile, ResumeError
+from jaxformer.training.updates import TrainingDiverged, Updates, data_tokens
 
 __all__ = ["CHECKPOINT_EVERY", "FRAMEWORKS", "PROGRESS", "CheckpointDamaged", "DamagedFile",
            "ResumeError", "RunAborted", "RunInterrupted", "RunOptions", "RunResult",
            "TrainingDiverged", "build_trainer", "data_tokens", "prepare", "train"]
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss or the gradient norm stopped being finite; the last good checkpoint is kept."""
 
 
 def build_trainer(family, framework, model_cfg, config, options, init=None):
@@ -265,115 +261,26 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
         kept = ([r for r in reporting.read_metrics(metrics_path) if r["step"] <= start]
                 if options.resume else [])
         rundir.write_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
-    step_flops = tasks.get(family).step_flops(model_cfg, config)
-    eval_sets = (eval_set.eval_batches(options.eval_batches, distributed.batch_rows(
-        trainer, eval_set.eval_batch_size())) if eval_set is not None else [])
-    rows = distributed.batch_rows(trainer, config.micro_batch_size)  # this process's rows
-    eval_key = "val_loss" if options.val_data else "eval_loss"  # the validation file's, or not
-    use_bar = progress == "bar" or (progress == "auto" and sys.stderr.isatty())
-    bar = None
-
-    def progress_bar():  # after the compile phase's line, so that the two do not mix
-        from tqdm import tqdm
-
-        return tqdm(total=config.steps, initial=start, unit="step",
-                    desc=f"{family} ({options.framework})")
-
     signals = interrupts.Signals(sys.stderr, checkpointer)
+    saved_at = start if options.resume else None
 
     def save():
+        nonlocal saved_at
         with signals.saving():
             checkpointer.save(trainer, {"step": trainer.step, "identity": identity,
                                         "data_position": trainer.step * config.accumulation_steps})
+        saved_at = trainer.step
 
-    losses: list[float] = []
-    saved_at, interrupted, aborted = start if options.resume else None, None, False
-    ahead = trainer.dispatch_ahead if options.dispatch_ahead is None else options.dispatch_ahead
-    clock = time.perf_counter()  # when the previous update's bookkeeping ended
-
-    def settles(step: int) -> bool:
-        """Whether the loop reads the state ``step`` leaves (an evaluation, a save, the end)
-        before the next update may be dispatched."""
-        due = [options.eval_every if eval_sets else 0, options.checkpoint_every]
-        return step == start or step + 1 == config.steps or any(
-            every and (step + 1) % every == 0 for every in due)
-
-    def stop_requested(step: int) -> bool:
-        """After ``step`` (not the last): every process stops after the same step (a signal may
-        reach only one of them)."""
-        return step + 1 < config.steps and distributed.any_process(signals.received is not None)
-
-    def finish(step: int, metrics: dict) -> None:
-        """Update ``step``'s bookkeeping: its metrics read (waiting for the update), the
-        divergence check, its metrics line, its evaluation and its checkpoint when due (the
-        state is then this update's: ``settles``), its progress line. Its ``seconds`` run from
-        the end of the previous update's bookkeeping to its metrics being read: the batch's
-        preparation counts, evaluations and saves do not."""
-        nonlocal saved_at, clock
-        result = trainer.fetch(metrics)
-        seconds = time.perf_counter() - clock
-        for name in ("loss", "grad_norm"):
-            if not math.isfinite(result[name]):
-                raise TrainingDiverged(
-                    f"step {step + 1}: the {name.replace('_', ' ')} is {result[name]}; "
-                    f"training stopped. The last good checkpoint is step "
-                    f"{checkpointer.latest_step()} in {checkpointer.directory}")
-        record = {"step": step + 1, "loss": result["loss"],
-                  "learning_rate": result["learning_rate"],
-                  "grad_norm": result["grad_norm"], "seconds": seconds,
-                  "tokens_per_s": data_tokens(train_set, config) / seconds}
-        if step_flops is not None:
-            record["model_tflops_per_s"] = step_flops / seconds / 1e12
-            if options.peak_tflops:
-                record["mfu"] = record["model_tflops_per_s"] / options.peak_tflops
-        last = step + 1 == config.steps
-        if eval_sets and ((step + 1) % options.eval_every == 0 or last):
-            record[eval_key] = sum(map(trainer.evaluate, eval_sets)) / len(eval_sets)
-            if tasks.get(family).accuracy:  # equal batches: the mean of their means
-                record[eval_key.replace("loss", "accuracy")] = sum(
-                    map(trainer.accuracy, eval_sets)) / len(eval_sets)
-        metrics_file.write(json.dumps(record) + "\n")
-        metrics_file.flush()
-        losses.append(result["loss"])
-        reporting.report(record, config.steps, bar, progress, options.log_every, stream, last)
-        if options.checkpoint_every and (step + 1) % options.checkpoint_every == 0:
-            save()
-            saved_at = trainer.step
-        clock = time.perf_counter()
-
+    updates = Updates(trainer, config, options, train_set, eval_set, start, save=save,
+                      checkpointer=checkpointer, signals=signals, status=status, stream=stream,
+                      progress=progress)
+    interrupted, aborted = None, False
     try:
         with open(metrics_path if primary else os.devnull, "a") as metrics_file, signals:
-            # With ``ahead`` (an accelerator: TrainStep.dispatch_ahead), an update whose state
-            # nothing reads is left running while the next one is dispatched, and its metrics
-            # are read after that: the device never waits for the host between updates. The
-            # metrics, checkpoints and losses are the same either way (test_dispatch_ahead.py).
-            pending = None  # (step, metrics on the device) of an update dispatched ahead
-            for step in range(start, config.steps):
-                batch = train_set.update_batch(step, rows)
-                if step == start:  # the first update of a process compiles the step
-                    with status.phase("compile", _compile_phase(options.framework)):
-                        metrics = trainer.dispatch(batch)
-                        trainer.fetch(metrics)  # compiled and run
-                    bar = progress_bar() if use_bar else None
-                else:
-                    metrics = trainer.dispatch(batch)
-                stopping = False
-                if pending is not None:  # the previous update, read now that this one runs
-                    finish(*pending)
-                    stopping = stop_requested(pending[0])  # this one then finishes too
-                    pending = None
-                if ahead and not settles(step) and not stopping:
-                    pending = (step, metrics)
-                    continue
-                finish(step, metrics)
-                if stopping or stop_requested(step):
-                    if step + 1 < config.steps:
-                        interrupted = signals.received or "a signal to another process"
-                    break
+            interrupted = updates.run(metrics_file)
             # the end of the run, or an interrupt: the state reached is always saved
             if saved_at != trainer.step:
                 save()
-                saved_at = trainer.step
             if options.export_hf and not interrupted:
                 model = distributed.whole_model(trainer)
                 if primary:
@@ -382,8 +289,8 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
         aborted = True
         raise
     finally:
-        if bar is not None:
-            bar.close()
+        if updates.bar is not None:
+            updates.bar.close()
         checkpointer.close()  # removes an unfinished save's temporary directory
         if not aborted and primary:
             records = reporting.read_metrics(metrics_path)
@@ -394,15 +301,6 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
         raise RunInterrupted(interrupted, trainer.step, checkpointer.directory)
     model = trainer.sync()
     model.eval()
-    return RunResult(run_dir, metrics_path, plot_path, start, trainer.step, losses, model)
+    return RunResult(run_dir, metrics_path, plot_path, start, trainer.step, updates.losses,
+                     model)
 
-
-def _compile_phase(framework: str) -> str:
-    if framework == "jax":
-        return "the first update (XLA compiles the train step)"
-    return "the first update (eager torch: no compilation, unless --compile)"
-
-
-def data_tokens(dataset: data.Dataset, config: TrainConfig) -> int:
-    """Token positions of one update: examples times tokens per example (padding included)."""
-    return config.batch_size * dataset.tokens_per_example

@@ -74,26 +74,37 @@ def _weights(result, framework):
             nnx.to_flat_state(nnx.state(result.model, nnx.Param))}
 
 
+def _watch(monkeypatch, cls, on_dispatch, on_fetch):
+    """Wrap ``cls``'s ``dispatch`` and ``fetch``: ``on_dispatch(update)`` after each dispatch,
+    ``on_fetch(update, result) -> result`` on each fetch, updates counted from 1."""
+    origin, dispatch, fetch = {}, cls.dispatch, cls.fetch
+
+    def watched_dispatch(self, batch):
+        metrics = dispatch(self, batch)
+        origin[id(metrics)] = self.step
+        on_dispatch(self.step)
+        return metrics
+
+    def watched_fetch(metrics):
+        return on_fetch(origin[id(metrics)], fetch(metrics))
+
+    monkeypatch.setattr(cls, "dispatch", watched_dispatch)
+    monkeypatch.setattr(cls, "fetch", staticmethod(watched_fetch))
+
+
 @pytest.fixture
 def order(monkeypatch):
     """Every ``dispatch`` and ``fetch`` of both twins' train steps as ("dispatch", update) and
     ("fetch", update), updates counted from 1 (a repeated fetch recorded once)."""
-    events, origin = [], {}
+    events = []
+
+    def fetched(update, result):
+        if not events or events[-1] != ("fetch", update):
+            events.append(("fetch", update))
+        return result
+
     for cls in STEP_CLASSES.values():
-        def dispatch(self, batch, _original=cls.dispatch):
-            metrics = _original(self, batch)
-            origin[id(metrics)] = self.step
-            events.append(("dispatch", self.step))
-            return metrics
-
-        def fetch(metrics, _original=cls.fetch):
-            event = ("fetch", origin[id(metrics)])
-            if not events or events[-1] != event:
-                events.append(event)
-            return _original(metrics)
-
-        monkeypatch.setattr(cls, "dispatch", dispatch)
-        monkeypatch.setattr(cls, "fetch", staticmethod(fetch))
+        _watch(monkeypatch, cls, lambda update: events.append(("dispatch", update)), fetched)
     return events
 
 
@@ -177,20 +188,10 @@ def test_a_divergence_in_an_update_read_late_is_named(corpus, tmp_path, monkeypa
     """Update 5 (read after update 6 was dispatched) reports a NaN loss: the run stops naming
     update 5, its metrics end at update 4, and the last checkpoint is update 4's (update 6's
     state is not saved)."""
-    cls = STEP_CLASSES["jax"]
-    origin, original_dispatch, original_fetch = {}, cls.dispatch, cls.fetch
+    def poisoned(update, result):
+        return {**result, "loss": float("nan")} if update == 5 else result
 
-    def dispatch(self, batch):
-        metrics = original_dispatch(self, batch)
-        origin[id(metrics)] = self.step
-        return metrics
-
-    def fetch(metrics):
-        result = original_fetch(metrics)
-        return {**result, "loss": float("nan")} if origin.get(id(metrics)) == 5 else result
-
-    monkeypatch.setattr(cls, "dispatch", dispatch)
-    monkeypatch.setattr(cls, "fetch", staticmethod(fetch))
+    _watch(monkeypatch, STEP_CLASSES["jax"], lambda update: None, poisoned)
     with pytest.raises(loop.TrainingDiverged, match=r"^step 5: the loss is nan; .* step 4 in"):
         _train(corpus, tmp_path / "run", "jax", ahead=True)
     assert [r["step"] for r in _records(tmp_path / "run")] == [1, 2, 3, 4]
