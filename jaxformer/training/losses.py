@@ -7,6 +7,8 @@ once here since optax knows no ignore index). Each Task (``training.tasks``) nam
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -33,22 +35,52 @@ def cross_entropy(logits, labels, *, ignore_index: int = IGNORE_INDEX,
                          f"{tuple(logits.shape[:-1])}")
     num_classes = logits.shape[-1]
     data.check_labels("labels", labels, num_classes, ignore_index)
-    # -log p_label = logsumexp(x) - x_label: the (..., C) log-probabilities are never formed.
-    # With GPT-2's vocabulary their array (and its gradient's) is the largest a step makes; this
-    # form takes the loss's forward and backward 2.4x faster on a CPU, alone (in a whole step the
-    # LM head's products dominate: docs/performance.md).
-    x = logits.astype(jnp.float32)
-    lse = jax.nn.logsumexp(x, axis=-1)
     valid = labels != ignore_index
     out_of_range = valid & ((labels < 0) | (labels >= num_classes))
-    picked = jnp.take_along_axis(x, jnp.where(valid, labels, 0)[..., None], axis=-1)[..., 0]
-    per_target = jnp.where(out_of_range, jnp.nan, lse - picked)
-    if label_smoothing:
-        # cross-entropy against the uniform distribution: -mean_c(x_c - lse)
-        smooth = lse - jnp.mean(x, axis=-1)
-        per_target = (1.0 - label_smoothing) * per_target + label_smoothing * smooth
+    per_target = _target_losses(logits, jnp.where(valid & ~out_of_range, labels, 0),
+                                label_smoothing)
+    per_target = jnp.where(out_of_range, jnp.nan, per_target)
     total = jnp.sum(jnp.where(valid, per_target, 0.0))
     return total / jnp.maximum(jnp.sum(valid), 1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _target_losses(logits, labels, label_smoothing: float):
+    """``(..., C)`` logits, ``(...)`` labels in ``[0, C)`` -> the ``(...)`` float32 losses
+    ``(1 - eps) (lse - x_label) + eps (lse - mean_c x_c)``.
+
+    ``-log p_label = logsumexp(x) - x_label``: the ``(..., C)`` log-probabilities are never
+    formed. The gradient is written out (:func:`_target_losses_bwd`) as one elementwise
+    expression of the logits, ``g (softmax(x) - (1 - eps) onehot(label) - eps / C)``, where
+    automatic differentiation made a zero array the size of the logits and scattered the
+    picked logit's gradient into it, and added it to the softmax's: on GPT-2's vocabulary the
+    logits are the largest arrays of a step, and every pass over them counts (docs/performance.md,
+    "The loss over the vocabulary").
+    """
+    return _target_losses_fwd(logits, labels, label_smoothing)[0]
+
+
+def _target_losses_fwd(logits, labels, label_smoothing: float):
+    x = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(x, axis=-1)
+    out = lse - jnp.take_along_axis(x, labels[..., None], axis=-1)[..., 0]
+    if label_smoothing:  # cross-entropy against the uniform distribution: lse - mean_c(x_c)
+        out = (1.0 - label_smoothing) * out + label_smoothing * (lse - jnp.mean(x, axis=-1))
+    return out, (logits, labels, lse)
+
+
+def _target_losses_bwd(label_smoothing: float, residuals, g):
+    logits, labels, lse = residuals
+    num_classes = logits.shape[-1]
+    x = logits.astype(jnp.float32)
+    onehot = jnp.arange(num_classes, dtype=labels.dtype) == labels[..., None]
+    grad = jnp.exp(x - lse[..., None]) - jnp.where(onehot, 1.0 - label_smoothing, 0.0)
+    if label_smoothing:
+        grad = grad - label_smoothing / num_classes
+    return (g[..., None] * grad).astype(logits.dtype), None
+
+
+_target_losses.defvjp(_target_losses_fwd, _target_losses_bwd)
 
 
 def masked_lm_loss(logits, labels):
@@ -65,12 +97,18 @@ def next_sentence_loss(logits, labels):
 def causal_lm_loss(logits, input_ids, attention_mask=None):
     """Position ``t`` predicts token ``t + 1``. With a ``[batch, seq]`` mask a prediction counts
     only when both the token it reads and the token it predicts are real, so neither right nor
-    left padding ever enters the loss."""
-    targets = input_ids[:, 1:]
+    left padding ever enters the loss.
+
+    The last position predicts nothing: its target is the ignore index, rather than its logits
+    being cut off (``logits[:, :-1]``), whose gradient would be the ``(batch, seq - 1, vocab)``
+    one padded back to the logits' shape, a copy of the largest array of the step."""
+    input_ids = jnp.asarray(input_ids)
+    targets = jnp.pad(input_ids[:, 1:], ((0, 0), (0, 1)), constant_values=IGNORE_INDEX)
     if attention_mask is not None:
         mask = jnp.asarray(attention_mask).astype(bool)
-        targets = jnp.where(mask[:, :-1] & mask[:, 1:], targets, IGNORE_INDEX)
-    return cross_entropy(logits[:, :-1], targets)
+        real = jnp.pad(mask[:, :-1] & mask[:, 1:], ((0, 0), (0, 1)))
+        targets = jnp.where(real, targets, IGNORE_INDEX)
+    return cross_entropy(logits, targets)
 
 
 def seq2seq_loss(logits, labels, label_smoothing: float = 0.0):

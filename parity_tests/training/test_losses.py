@@ -9,6 +9,7 @@ shows far above the 1e-6 bound.
 from __future__ import annotations
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -147,3 +148,89 @@ def test_shape_and_dtype_errors():
         jl.cross_entropy(jnp.asarray(logits), jnp.asarray(labels, jnp.float32))
     with pytest.raises(TypeError, match="integer class ids"):
         tl.cross_entropy(torch.tensor(logits), torch.tensor(labels).float())
+
+
+def _torch_grad(logits, labels, smoothing=0.0):
+    x = torch.tensor(logits, requires_grad=True)
+    tl.cross_entropy(x, torch.tensor(labels), label_smoothing=smoothing).backward()
+    return x.grad.numpy()
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_written_out_gradient_matches_torch_and_autodiff(smoothing, dtype):
+    """The hand-written backward of ``_target_losses`` against torch's autograd and against JAX
+    differentiating the plain expression (logsumexp minus the picked logit), ignored targets
+    included; bfloat16 logits get a bfloat16 gradient computed in float32."""
+    logits, labels = _logits_labels(8, shape=(4, 9), classes=37)
+    x = jnp.asarray(logits, dtype)
+
+    def plain(x):  # the textbook form, differentiated by JAX (a scatter of the picked logit)
+        f = x.astype(jnp.float32)
+        valid = labels != IGNORE_INDEX
+        lse = jax.nn.logsumexp(f, axis=-1)
+        picked = jnp.take_along_axis(f, np.where(valid, labels, 0)[..., None], axis=-1)[..., 0]
+        per = (1 - smoothing) * (lse - picked) + smoothing * (lse - f.mean(-1))
+        return jnp.sum(jnp.where(valid, per, 0.0)) / valid.sum()
+
+    value, grad = jax.value_and_grad(lambda x: jl.cross_entropy(
+        x, jnp.asarray(labels), label_smoothing=smoothing))(x)
+    ref_value, ref_grad = jax.value_and_grad(plain)(x)
+    assert grad.dtype == x.dtype
+    grad, ref_grad = np.asarray(grad, np.float32), np.asarray(ref_grad, np.float32)
+    scale = np.abs(ref_grad).max()
+    bound = 1e-6 if dtype == "float32" else 2 ** -8  # bfloat16: one rounding of the gradient
+    assert abs(float(value) - float(ref_value)) <= 1e-6 * abs(float(ref_value))
+    assert np.abs(grad - ref_grad).max() <= bound * scale
+    torch_grad = _torch_grad(np.asarray(x.astype(jnp.float32)), labels, smoothing)
+    assert np.abs(grad - torch_grad).max() <= bound * scale
+    assert np.all(grad[labels == IGNORE_INDEX] == 0)  # an ignored target sends nothing back
+    assert np.abs(grad).max() > 1e-3  # and the others do
+
+
+@pytest.mark.parametrize("padding", [False, True])
+def test_causal_lm_gradient_matches_torch_and_skips_the_last_position(padding):
+    rng = np.random.RandomState(9)
+    B, T, V = 3, 8, 13
+    logits = (rng.randn(B, T, V) * 4).astype(np.float32)
+    ids = rng.randint(0, V, (B, T))
+    mask = np.ones((B, T), np.int64)
+    if padding:
+        mask[1, 5:] = 0
+        mask[2, :3] = 0
+    given = mask if padding else None
+    grad_j = np.asarray(jax.grad(lambda x: jl.causal_lm_loss(
+        x, jnp.asarray(ids), None if given is None else jnp.asarray(given)))(jnp.asarray(logits)))
+    x = torch.tensor(logits, requires_grad=True)
+    tl.causal_lm_loss(x, torch.tensor(ids), None if given is None else torch.tensor(given)
+                      ).backward()
+    assert np.abs(grad_j - x.grad.numpy()).max() <= 1e-6 * np.abs(grad_j).max()
+    assert np.all(grad_j[:, -1] == 0) and np.all(x.grad.numpy()[:, -1] == 0)
+    if padding:
+        assert np.all(grad_j[1, 4:] == 0) and np.all(grad_j[2, :2] == 0)
+
+
+def _ops_shaped(jaxpr, shape, found=None):
+    """The primitives of ``jaxpr`` (and of the jaxprs inside it) whose output has ``shape``."""
+    found = [] if found is None else found
+    for eqn in jaxpr.eqns:
+        if any(getattr(v.aval, "shape", None) == shape for v in eqn.outvars):
+            found.append(eqn.primitive.name)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            _ops_shaped(sub, shape, found)
+    return found
+
+
+@pytest.mark.parametrize("loss", ["causal_lm", "cross_entropy_smoothed"])
+def test_loss_gradient_makes_one_array_the_size_of_the_logits(loss):
+    """The backward over a ``(batch, seq, vocab)`` array, the largest of a GPT step: no zero
+    array filled by a scatter (the picked logit's gradient) and no pad (the cut-off last
+    position's), one elementwise pass writing the gradient."""
+    B, T, V = 2, 6, 97
+    logits = jnp.zeros((B, T, V), jnp.bfloat16)
+    ids = jnp.asarray(np.random.RandomState(10).randint(0, V, (B, T)))
+    fn = {"causal_lm": lambda x: jl.causal_lm_loss(x, ids),
+          "cross_entropy_smoothed": lambda x: jl.seq2seq_loss(x, ids, 0.1)}[loss]
+    ops = _ops_shaped(jax.make_jaxpr(jax.grad(fn))(logits).jaxpr, (B, T, V))
+    assert not {"scatter-add", "scatter_add", "pad", "dynamic_update_slice",
+                "concatenate"} & set(ops), ops

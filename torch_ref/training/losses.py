@@ -41,12 +41,15 @@ def next_sentence_loss(logits, labels):
 
 
 def causal_lm_loss(logits, input_ids, attention_mask=None):
-    targets = torch.as_tensor(input_ids)[:, 1:]
+    """The last position's target is the ignore index (its logits are not cut off: a slice of
+    them would be copied before ``F.cross_entropy`` reads it)."""
+    input_ids = torch.as_tensor(input_ids)
+    targets = F.pad(input_ids[:, 1:], (0, 1), value=IGNORE_INDEX)
     if attention_mask is not None:
         mask = torch.as_tensor(attention_mask).bool()
-        targets = torch.where(mask[:, :-1] & mask[:, 1:], targets,
-                              torch.full_like(targets, IGNORE_INDEX))
-    return cross_entropy(logits[:, :-1], targets)
+        real = F.pad(mask[:, :-1] & mask[:, 1:], (0, 1), value=False)
+        targets = torch.where(real, targets, torch.full_like(targets, IGNORE_INDEX))
+    return cross_entropy(logits, targets)
 
 
 def seq2seq_loss(logits, labels, label_smoothing: float = 0.0):
