@@ -84,9 +84,10 @@ def test_gradients_match_torch():
     assert np.abs(np.asarray(grad_j) - x.grad.numpy()).max() <= 1e-6 * scale
 
 
-@pytest.mark.parametrize("padding", ["none", "right", "left"])
-def test_causal_lm_loss_shifts_and_ignores_padding(padding):
-    rng = np.random.RandomState(4)
+def _causal_case(seed: int, padding: str):
+    """``(3, 8, 13)`` logits of order 10, ids, and a ``(3, 8)`` mask: all ones for ``"none"``, two
+    rows padded on the ``"right"`` or on the ``"left"``."""
+    rng = np.random.RandomState(seed)
     B, T, V = 3, 8, 13
     logits = (rng.randn(B, T, V) * 4).astype(np.float32)
     ids = rng.randint(0, V, (B, T))
@@ -97,6 +98,13 @@ def test_causal_lm_loss_shifts_and_ignores_padding(padding):
     elif padding == "left":
         mask[1, :3] = 0
         mask[2, :6] = 0
+    return logits, ids, mask
+
+
+@pytest.mark.parametrize("padding", ["none", "right", "left"])
+def test_causal_lm_loss_shifts_and_ignores_padding(padding):
+    logits, ids, mask = _causal_case(4, padding)
+    B, T, _ = logits.shape
     # Reference: position t predicts t + 1 when both are real tokens; written out by hand.
     rows, targets = [], []
     for b in range(B):
@@ -156,15 +164,27 @@ def _torch_grad(logits, labels, smoothing=0.0):
     return x.grad.numpy()
 
 
-def _float64_gradient(logits, labels, smoothing):
-    """The mean cross-entropy's gradient in float64 (numpy), and the largest ``|logsumexp|``."""
+def _logsumexp64(logits):
     x = logits.astype(np.float64)
-    valid = labels != IGNORE_INDEX
     top = x.max(-1, keepdims=True)
-    lse = np.log(np.exp(x - top).sum(-1, keepdims=True)) + top
-    onehot = np.eye(x.shape[-1])[np.where(valid, labels, 0)]
-    grad = np.exp(x - lse) - (1 - smoothing) * onehot - smoothing / x.shape[-1]
-    return grad * valid[..., None] / valid.sum(), float(np.abs(lse).max())
+    return np.log(np.exp(x - top).sum(-1, keepdims=True)) + top
+
+
+def _float32_error(logits, scale):
+    """What one float32 implementation of the cross-entropy's gradient may be off by, for
+    entries of size ``scale``: ``softmax = exp(x - lse)`` takes its argument rounded at the
+    magnitude of the log-sum-exp, so an entry carries up to about ``eps * |lse|`` of relative
+    error, whatever the instruction set (exp itself is good to an ulp or two)."""
+    return np.finfo(np.float32).eps * np.abs(_logsumexp64(logits)).max() * scale
+
+
+def _float64_gradient(logits, labels, smoothing):
+    """The mean cross-entropy's gradient in float64 (numpy)."""
+    valid = labels != IGNORE_INDEX
+    onehot = np.eye(logits.shape[-1])[np.where(valid, labels, 0)]
+    grad = (np.exp(logits.astype(np.float64) - _logsumexp64(logits))
+            - (1 - smoothing) * onehot - smoothing / logits.shape[-1])
+    return grad * valid[..., None] / valid.sum()
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.2])
@@ -173,14 +193,13 @@ def test_written_out_gradient_matches_float64_torch_and_autodiff(smoothing):
     differentiating the plain expression (logsumexp minus the picked logit), ignored targets
     included.
 
-    The bound: ``softmax = exp(x - lse)`` takes its argument rounded at the magnitude of the
-    log-sum-exp (12 here: logits of order 10), so each float32 gradient entry carries a relative
-    error of up to about ``eps * |lse|`` (measured: 0.40 of it for jaxformer, 0.16 for torch,
-    against float64); two float32 implementations differ by at most twice that."""
+    The bound is :func:`_float32_error` (``|lse|`` 12.25 here: logits of order 10) for one
+    implementation against float64, twice it between two. Measured against float64 (2026-11-27,
+    the same on the default ISA and AVX2-capped, 1 and 2 cores): jaxformer 0.40 of it, torch
+    0.16; jaxformer against torch and against autodiff 0.19-0.40 of twice it."""
     logits, labels = _logits_labels(8, shape=(4, 9), classes=37)
-    reference, lse = _float64_gradient(logits, labels, smoothing)
-    scale = np.abs(reference).max()
-    one = np.finfo(np.float32).eps * lse * scale  # one float32 implementation's error
+    reference = _float64_gradient(logits, labels, smoothing)
+    one = _float32_error(logits, np.abs(reference).max())
 
     def plain(x):  # the textbook form, differentiated by JAX (a scatter of the picked logit)
         valid = labels != IGNORE_INDEX
@@ -194,6 +213,7 @@ def test_written_out_gradient_matches_float64_torch_and_autodiff(smoothing):
         x, jnp.asarray(labels), label_smoothing=smoothing))(x)
     ref_value, autodiff = jax.value_and_grad(plain)(x)
     grad, autodiff = np.asarray(grad, np.float64), np.asarray(autodiff, np.float64)
+    # The same forward expression: measured 0 on every configuration tried; TOL as above.
     assert abs(float(value) - float(ref_value)) <= TOL * abs(float(ref_value))
     assert np.abs(grad - reference).max() <= one
     assert np.abs(grad - autodiff).max() <= 2 * one
@@ -219,28 +239,25 @@ def test_bfloat16_logits_get_the_float32_gradient_rounded_once(smoothing):
     assert np.array_equal(np.asarray(got, np.float32), expected)
 
 
-@pytest.mark.parametrize("padding", [False, True])
+@pytest.mark.parametrize("padding", ["none", "right", "left"])
 def test_causal_lm_gradient_matches_torch_and_skips_the_last_position(padding):
-    rng = np.random.RandomState(9)
-    B, T, V = 3, 8, 13
-    logits = (rng.randn(B, T, V) * 4).astype(np.float32)
-    ids = rng.randint(0, V, (B, T))
-    mask = np.ones((B, T), np.int64)
-    if padding:
-        mask[1, 5:] = 0
-        mask[2, :3] = 0
-    given = mask if padding else None
+    """The bound is twice :func:`_float32_error` (two float32 implementations; ``|lse|`` 9.9
+    here). Measured jaxformer against torch (2026-11-27, the same on the default ISA and
+    AVX2-capped, 1 and 2 cores): 0.15-0.26 of ``eps * |lse|``, so 0.07-0.13 of the bound."""
+    logits, ids, mask = _causal_case(9, padding)
+    given = None if padding == "none" else mask
     grad_j = np.asarray(jax.grad(lambda x: jl.causal_lm_loss(
         x, jnp.asarray(ids), None if given is None else jnp.asarray(given)))(jnp.asarray(logits)))
     x = torch.tensor(logits, requires_grad=True)
     tl.causal_lm_loss(x, torch.tensor(ids), None if given is None else torch.tensor(given)
                       ).backward()
-    assert np.abs(grad_j - x.grad.numpy()).max() <= 1e-6 * np.abs(grad_j).max()
-    assert np.all(grad_j[:, -1] == 0)
-    assert np.all(x.grad.numpy()[:, -1] == 0)
-    if padding:
-        assert np.all(grad_j[1, 4:] == 0)
-        assert np.all(grad_j[2, :2] == 0)
+    bound = 2 * _float32_error(logits, np.abs(grad_j).max())
+    assert np.abs(grad_j - x.grad.numpy()).max() <= bound
+    # No target at the last position, nor where the token read or the one predicted is padding.
+    predicts = np.pad(mask[:, :-1].astype(bool) & mask[:, 1:].astype(bool), ((0, 0), (0, 1)))
+    assert np.all(grad_j[~predicts] == 0)
+    assert np.all(x.grad.numpy()[~predicts] == 0)
+    assert np.all(np.abs(grad_j[predicts]).max(-1) > 0)
 
 
 def _ops_shaped(jaxpr, shape, found=None):
