@@ -2,7 +2,7 @@
 """The same train step in a process that compiled it and in one that loaded it from the cache.
 
 Each round runs two child processes, in turn (the order reversed every other round), that build
-the same ``TrainStep`` (``--preset`` of ``--family``, ``--batch`` x ``--seq``, seed 0) and time
+the same GPT ``TrainStep`` (``--preset``, ``--batch`` x ``--seq``, seed 0) and time
 ``--steps`` updates on the same random batches: *compiled*, whose persistent compilation cache
 is a new empty directory (XLA compiles the step in that process), and *loaded*, whose cache
 holds the programs a compiled child wrote (the step is read back, nothing big is compiled). The
@@ -52,12 +52,11 @@ def child(args) -> None:
     if cache != Path(os.environ["JAXFORMER_COMPILATION_CACHE"]):
         raise SystemExit(f"the child uses the compilation cache {cache}, not the one it was given")
     entries = len(list(cache.iterdir())) if cache.is_dir() else 0
-    task = tasks.get(args.family)
+    task = tasks.get("gpt")
     model_config = task.model_config(args.preset, vocab_size=args.vocab)
     config = TrainConfig(steps=args.steps + 1, batch_size=args.batch, seq_len=args.seq,
                          learning_rate=1e-3)
-    trainer = step.TrainStep(args.family, step.build_model(args.family, model_config, 0),
-                             config)
+    trainer = step.TrainStep("gpt", step.build_model("gpt", model_config, 0), config)
     rng = np.random.default_rng(0)
     batches = [{"input_ids": rng.integers(0, args.vocab, (1, args.batch, args.seq),
                                           dtype=np.int32)} for _ in range(args.steps + 1)]
@@ -84,9 +83,9 @@ def run_child(args, mode: str, cache: Path, cpus: list[int] | None) -> dict:
     env = {key: value for key, value in os.environ.items()
            if key != "JAX_COMPILATION_CACHE_DIR"}  # a user's own cache would be shared
     env["JAXFORMER_COMPILATION_CACHE"] = str(cache)
-    command = [sys.executable, __file__, "--child", "--family", args.family, "--preset",
-               args.preset, "--batch", str(args.batch), "--seq", str(args.seq), "--steps",
-               str(args.steps), "--vocab", str(args.vocab)]
+    command = [sys.executable, __file__, "--child", "--preset", args.preset, "--batch",
+               str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps), "--vocab",
+               str(args.vocab)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False,
                           preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     if done.returncode:
@@ -97,7 +96,6 @@ def run_child(args, mode: str, cache: Path, cpus: list[int] | None) -> dict:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--family", default="gpt")
     p.add_argument("--preset", default="baby")
     p.add_argument("--vocab", type=int, default=84, help="vocabulary size (the recipe's 84)")
     p.add_argument("--batch", type=int, default=12)
@@ -149,7 +147,7 @@ def main(argv=None) -> int:
           f"losses identical: {result['same_losses']}; the loaded children compiled nothing: "
           f"{result['loaded_wrote_nothing']}")
     if not args.no_save:
-        stem = Path(args.out) / (f"process_cpu_{args.family}-{args.preset}_{args.batch}x"
+        stem = Path(args.out) / (f"process_cpu_gpt-{args.preset}_{args.batch}x"
                                  f"{args.seq}_{datetime.date.today()}"
                                  f"{'_' + args.tag if args.tag else ''}")
         learn_common.write_json(stem.with_suffix(".json"), result)
@@ -182,7 +180,7 @@ def plot(args, result: dict, path: Path) -> None:
         ax.plot(rounds, [run["median_ms"] for run in result["runs"] if run["mode"] == mode],
                 "o-", color=color, label=f"{mode} in the process")
     ax.set(xlabel="round", ylabel="median ms per update",
-           title=f"{args.family} {args.preset} {args.batch}x{args.seq}: compiled / loaded "
+           title=f"GPT {args.preset} {args.batch}x{args.seq}: compiled / loaded "
                  f"{result['median_ratio']:.3f} (median of {args.rounds} rounds)")
     ax.legend()
     fig.tight_layout()
