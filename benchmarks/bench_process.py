@@ -144,8 +144,8 @@ def main(argv=None) -> int:
     result = {**record.finish(), **summary(args, runs)}
     print(f"compiled / loaded per round: {', '.join(f'{x:.3f}' for x in result['ratios'])}; "
           f"median {result['median_ratio']:.3f} (above 1: the compiling process is slower); "
-          f"losses identical: {result['same_losses']}; the loaded children compiled nothing: "
-          f"{result['loaded_wrote_nothing']}")
+          f"losses identical: {result['same_losses']}; the compiled children filled the cache "
+          f"and the loaded ones compiled nothing: {result['cache_as_intended']}")
     if not args.no_save:
         stem = Path(args.out) / (f"process_cpu_gpt-{args.preset}_{args.batch}x"
                                  f"{args.seq}_{datetime.date.today()}"
@@ -166,9 +166,10 @@ def summary(args, runs: list[dict]) -> dict:
             "ratios": ratios, "median_ratio": statistics.median(ratios),
             "rounds_compiled_slower": sum(x > 1 for x in ratios),
             "same_losses": all(run["losses"] == runs[0]["losses"] for run in runs),
-            # the premise: a compiled child wrote its programs, a loaded one compiled none
-            "loaded_wrote_nothing": all(run["cache_entries_written"] == 0 for run in runs
-                                        if run["mode"] == "loaded"),
+            # the premise: every compiled child wrote its programs, no loaded one compiled any
+            "cache_as_intended": all(
+                (run["cache_entries_written"] > 0) == (run["mode"] == "compiled")
+                for run in runs),
             "runs": [{k: v for k, v in run.items() if k != "losses"} for run in runs]}
 
 

@@ -67,12 +67,12 @@ def test_bench_loop_runs():
 
 def test_bench_process_runs():
     """``bench_process.py``: one round, a child that compiles the tiny step and one that loads
-    it; the same losses, and the loaded child found every program in the cache (one at another
-    path would have missed: the path is part of each key)."""
+    it; the same losses, the compiling child wrote the cache and the loaded child found every
+    program in it (one at another path would have missed: the path is part of each key)."""
     done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_process.py"), "--preset",
                            "tiny", "--vocab", "64", "--batch", "2", "--seq", "16", "--steps",
                            "3", "--rounds", "1", "--no-save"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "losses identical: True" in done.stdout, done.stdout[-2000:]
-    assert "the loaded children compiled nothing: True" in done.stdout, done.stdout[-2000:]
+    assert "and the loaded ones compiled nothing: True" in done.stdout, done.stdout[-2000:]
