@@ -13,6 +13,8 @@ Twin: ``torch_ref/training/optim.py``. One semantics on both sides (``docs/train
   ``clip_by_global_norm`` divides by the norm itself and only when it exceeds the threshold; the
   two differ by about 1e-6 relative, which 100 steps could amplify, so one formula is used).
 - Adam's bias corrections ``1 - b^t`` are exact to float32 rounding, as torch's (``scale_by_adam``).
+- The learning rate of each update is the twin's function of the step, on the host in float64,
+  rounded once to float32 where the update applies it (torch applies it as a float32 scalar too).
 """
 
 from __future__ import annotations
@@ -29,25 +31,26 @@ from jaxformer.training.config import TrainConfig
 CLIP_EPS = 1e-6  # added to the norm before dividing, as torch.nn.utils.clip_grad_norm_ does
 
 
-def learning_rate(config: TrainConfig, step):
-    """The learning rate of update ``step`` (0-based; may be traced)."""
-    n = jnp.asarray(step, jnp.float32)
+def learning_rate(config: TrainConfig, step) -> float:
+    """The learning rate of update ``step`` (0-based), computed on the host in float64 and given
+    to the compiled update as an argument (:func:`scale_by_given_rate`): the schedule's numbers
+    (its length, warm-up, peak and floor) are no constants of the program, so runs that differ
+    only in them share one compiled step (and its compilation-cache entry)."""
+    n = float(step)
     peak, warmup = config.learning_rate, config.warmup_steps
     if config.schedule == "inverse_sqrt":
-        return peak * jnp.minimum((n + 1) / warmup, jnp.sqrt(warmup / (n + 1)))
-    # The fraction of the decay still ahead, computed directly rather than as 1 - progress (and
-    # cosine's (1 + cos(pi p)) / 2 as sin^2(pi r / 2)), so float32 loses nothing near the end.
-    remaining = jnp.clip((config.steps - n) / max(1, config.steps - warmup), 0.0, 1.0)
+        return peak * min((n + 1) / warmup, math.sqrt(warmup / (n + 1)))
+    if n < warmup:
+        return peak * (n + 1) / warmup
+    # The fraction of the decay still ahead (cosine's (1 + cos(pi p)) / 2 written as
+    # sin^2(pi r / 2), which keeps its digits near the end).
+    remaining = min(max((config.steps - n) / max(1, config.steps - warmup), 0.0), 1.0)
     low = config.min_learning_rate
     if config.schedule == "linear":
-        decayed = low + (peak - low) * remaining
-    elif config.schedule == "cosine":
-        decayed = low + (peak - low) * jnp.square(jnp.sin(0.5 * math.pi * remaining))
-    else:  # constant
-        decayed = jnp.asarray(peak, jnp.float32)
-    if warmup == 0:
-        return decayed
-    return jnp.where(n < warmup, peak * (n + 1) / warmup, decayed)
+        return low + (peak - low) * remaining
+    if config.schedule == "cosine":
+        return low + (peak - low) * math.sin(0.5 * math.pi * remaining) ** 2
+    return peak  # constant
 
 
 def decays(leaf: str, config: TrainConfig) -> bool:
@@ -109,8 +112,27 @@ def make_optimizer(config: TrainConfig, model: nnx.Module | nnx.State
     return optax.chain(
         scale_by_adam(config.beta1, config.beta2, config.eps),
         optax.add_decayed_weights(config.weight_decay, mask=weight_decay_mask(model, config)),
-        optax.scale_by_learning_rate(lambda count: learning_rate(config, count)),
+        scale_by_given_rate(),
     )
+
+
+def scale_by_given_rate() -> optax.GradientTransformationExtraArgs:
+    """``-learning_rate * updates``, the rate an argument of each update
+    (``tx.update(..., learning_rate=lr)``, a float32 scalar that may be traced) instead of a
+    schedule compiled into the program. Its state is ``optax.scale_by_learning_rate``'s (the
+    update count), so checkpoints are the same."""
+
+    def init(params):
+        del params
+        return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+    def update(updates, state, params=None, *, learning_rate, **extra_args):
+        del params, extra_args
+        rate = -jnp.asarray(learning_rate, jnp.float32)
+        updates = jax.tree.map(lambda g: rate.astype(g.dtype) * g, updates)
+        return updates, optax.ScaleByScheduleState(count=optax.safe_int32_increment(state.count))
+
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
 def global_norm(grads) -> jax.Array:

@@ -153,7 +153,7 @@ class TrainStep:
         """``jax.jit(...).lower`` of the update for ``batch``: ``.compile()`` it for the compile
         time or XLA's cost analysis."""
         return self._train.lower(*self._leaves, self._batch(batch, batch_axis=1),
-                                 np.int32(self.step))
+                                 np.float32(learning_rate(self.config, self.step)))
 
     def _place(self, tree):
         """Own copies of ``tree``'s arrays where the step keeps its state: on the mesh, or
@@ -197,10 +197,12 @@ class TrainStep:
         :meth:`fetch` reads them. A loop that dispatches the next update before fetching the
         previous one's metrics keeps an accelerator busy while the host prepares the call."""
         batch = self._batch(batch, batch_axis=1)  # (micro-batches, batch, ...)
-        *leaves, metrics = self._run(self._train, *self._leaves, batch, np.int32(self.step))
+        # The schedule's value, an argument of the compiled update (``optim.learning_rate``).
+        rate = learning_rate(self.config, self.step)
+        *leaves, metrics = self._run(self._train, *self._leaves, batch, np.float32(rate))
         self._leaves = leaves
         self.step += 1
-        return metrics
+        return {**metrics, "learning_rate": rate}
 
     @staticmethod
     def fetch(metrics: dict) -> dict[str, float]:
@@ -286,7 +288,7 @@ def _train_fn(task, graphdef, tx, config: TrainConfig):
         (loss, rest), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, rest)
         return (params, rest, jax.tree.map(jnp.add, grad_sum, grads), loss_sum + loss), None
 
-    def train(params, opt_state, rest, batch, step):
+    def train(params, opt_state, rest, batch, rate):
         zeros = jax.tree.map(jnp.zeros_like, params)
         init = (params, rest, zeros, jnp.zeros((), jnp.float32))
         if accum == 1:  # no loop to compile
@@ -294,10 +296,9 @@ def _train_fn(task, graphdef, tx, config: TrainConfig):
         else:
             (_, rest, grads, loss), _ = jax.lax.scan(micro_step, init, batch)
         grads, norm = clip_by_global_norm(grads, config.clip_norm)
-        updates, opt_state = tx.update(grads, opt_state, params)
+        updates, opt_state = tx.update(grads, opt_state, params, learning_rate=rate)
         params = optax.apply_updates(params, updates)
-        metrics = {"loss": loss, "grad_norm": norm, "learning_rate": learning_rate(config, step)}
-        return params, opt_state, rest, metrics
+        return params, opt_state, rest, {"loss": loss, "grad_norm": norm}
 
     return train
 
