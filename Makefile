@@ -29,10 +29,12 @@ parity-base: $(STAMP)
 
 # The suite in WORKERS processes (pytest-xdist): 2 halves its time on a 2-core machine, where
 # most of a test's time is one XLA compilation on one core (docs/testing.md). Whole files per
-# worker (--dist loadfile): some tests read what an earlier test of their file wrote.
+# worker (--dist loadfile): some tests read what an earlier test of their file wrote. The longest
+# files first (parity_tests/conftest.py) and in that order (--no-loadscope-reorder), so that short
+# files fill the end and neither worker idles while the other finishes a long one.
 WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Every tolerance-bearing test on emulated CPUs (XLA and torch capped to AVX2, 2 cores and all),
 # listing each bound whose margin is under 2x (docs/testing.md). ISAS='default AVX' CPUS='1 all'

@@ -58,6 +58,34 @@ if os.environ.get(bounds.MARGINS_ENV):  # a margins run (parity_tests/tools/marg
     np.testing.assert_allclose = _recorded_assert_allclose
 
 
+# The files that take longest, longest first (seconds of one worker on the 2-core machine of
+# docs/testing.md, 2026-11-27; 25 s or more). Run first, they leave the short files to fill the
+# end of a parallel run, so that no worker idles while the other finishes a long file. Only the
+# order of whole files changes (a file's own tests keep theirs); a file missing here runs after
+# these, in collection order.
+LONGEST_FIRST = (
+    "training/test_loading.py", "generation/test_hf_seq2seq.py",
+    "checkpoints/test_hf_encoder_decoder.py", "test_docs.py", "nn/test_stack.py",
+    "models/test_gpt.py", "test_benchmark_scripts.py", "training/test_multiprocess.py",
+    "training/test_trajectory.py", "training/test_interrupt.py", "models/test_encoder_decoder.py",
+    "models/test_bert.py", "test_parity_job.py", "generation/test_cli_runs.py",
+    "checkpoints/test_hf.py", "training/test_finetune.py", "test_runtime.py",
+    "generation/test_hf_parity.py", "test_sharding.py", "nn/test_lookups.py",
+    "training/test_cli.py", "nn/test_attention.py", "training/test_dispatch_ahead.py",
+    "models/test_bf16.py", "test_readme_path.py", "generation/test_cache.py",
+)
+
+
+def _longest_first(item) -> int:
+    path = Path(str(item.path))
+    inside = path.is_relative_to(ROOT / "parity_tests")
+    return _RANK.get(path.relative_to(ROOT / "parity_tests").as_posix() if inside else "",
+                     len(_RANK))
+
+
+_RANK = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+
 def pytest_assertion_pass(item, lineno, orig, expl):
     """In a margins run (``-o enable_assertion_pass_hook=true``), records every passing
     ``assert measured <= bound`` between numbers in this repository's tests (pytest rewrites
@@ -81,8 +109,11 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` run only where JAX sees a GPU; elsewhere they are skipped, saying
-    what the machine has."""
+    """The long files first (``LONGEST_FIRST``; the Makefile's ``--no-loadscope-reorder`` keeps
+    this order for pytest-xdist, whose default sorts files by their number of tests). Tests
+    marked ``gpu`` run only where JAX sees a GPU; elsewhere they are skipped, saying what the
+    machine has."""
+    items.sort(key=_longest_first)  # stable: the rest keeps collection order
     platforms = sorted({device.platform for device in jax.devices()})
     if "gpu" in platforms:
         return

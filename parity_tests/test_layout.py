@@ -50,3 +50,21 @@ def test_the_tree_is_read_as_drawn():
     assert "jaxformer/training/tasks" in folders
     assert "torch_ref/nn" in folders
     assert len(folders) == len(set(folders))
+
+
+def test_the_suite_orders_files_that_exist(request):
+    """``conftest.LONGEST_FIRST`` names test files that exist (a renamed file would silently lose
+    its place at the front of the run), and this run's collection starts with the ones it
+    collected, in that order."""
+    from parity_tests.conftest import LONGEST_FIRST
+
+    missing = [name for name in LONGEST_FIRST if not (ROOT / "parity_tests" / name).is_file()]
+    assert not missing, f"conftest.LONGEST_FIRST names files that do not exist: {missing}"
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
+    files = []
+    for item in request.session.items:
+        name = Path(str(item.path)).relative_to(ROOT / "parity_tests").as_posix()
+        if not files or files[-1] != name:
+            files.append(name)
+    listed = [name for name in LONGEST_FIRST if name in files]
+    assert files[:len(listed)] == listed
