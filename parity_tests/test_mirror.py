@@ -136,6 +136,8 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
     "training/optim.py": {
         (JAX, "function scale_by_adam"):
             "optax's Adam with exact bias corrections; torch.optim.AdamW computes them in float64",
+        (JAX, "function scale_by_given_rate"):
+            "the rate as an argument of the compiled update; torch sets its optimizer's lr",
     },
     "nn/masks.py": {
         (TORCH, "causal_mask(device)"):

@@ -50,8 +50,9 @@ def _target_losses(logits, labels, label_smoothing: float):
     ``(1 - eps) (lse - x_label) + eps (lse - mean_c x_c)``.
 
     ``-log p_label = (max - x_label) + log(sum_c exp(x_c - max))``: the ``(..., C)``
-    log-probabilities are never formed. The gradient is written out (:func:`_target_losses_bwd`) as one elementwise
-    expression of the logits, ``g (softmax(x) - (1 - eps) onehot(label) - eps / C)``, where
+    log-probabilities are never formed. The gradient is written out
+    (:func:`_target_losses_bwd`) as one elementwise expression of the logits,
+    ``g (softmax(x) - (1 - eps) onehot(label) - eps / C)``, where
     automatic differentiation made a zero array the size of the logits and scattered the
     picked logit's gradient into it, and added it to the softmax's: on GPT-2's vocabulary the
     logits are the largest arrays of a step, and every pass over them counts (docs/performance.md,
