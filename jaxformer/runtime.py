@@ -50,6 +50,7 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -58,6 +59,7 @@ import importlib.util
 import os
 import pkgutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -206,6 +208,25 @@ def compilation_cache_dir() -> Path | None:
         return None if value.strip().lower() in _OFF else Path(value).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path("~/.cache").expanduser()
     return Path(base) / "jaxformer" / "xla"
+
+
+@contextlib.contextmanager
+def cache_lookups() -> Iterator[dict[str, int]]:
+    """``{"hits": n, "misses": m}``: the programs XLA's persistent compilation cache served
+    (read instead of compiled) and the ones it did not have, inside the block, as JAX reports
+    them (``jax.monitoring``; no lookups when the cache is off)."""
+    counts = {"hits": 0, "misses": 0}
+
+    def listener(event: str, **kwargs) -> None:
+        kind = event.removeprefix("/jax/compilation_cache/cache_")
+        if kind in counts:
+            counts[kind] += 1
+
+    jax.monitoring.register_event_listener(listener)
+    try:
+        yield counts
+    finally:
+        jax.monitoring.unregister_event_listener(listener)
 
 
 def enable_compilation_cache() -> Path | None:

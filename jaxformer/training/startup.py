@@ -7,11 +7,15 @@ A phase line is written when the phase starts and completed with its time when i
 slow phase is never silent::
 
     tokenizer  wordpiece, trained on corpus.txt ... 0.8 s
+
+and a phase may end its line with a note (the compile phase says when the compilation cache
+served the train step: ``... 0.8 s: loaded from the compilation cache``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 from collections.abc import Iterator
@@ -19,6 +23,13 @@ from pathlib import Path
 from typing import TextIO
 
 WIDTH = 10  # the phase name's column
+
+
+@dataclasses.dataclass
+class Phase:
+    """What a phase adds to its line when it ends (``note``, empty: nothing)."""
+
+    note: str = ""
 
 
 class Status:
@@ -30,20 +41,23 @@ class Status:
         self.seconds: dict[str, float] = {}  # each finished phase's time
 
     @contextlib.contextmanager
-    def phase(self, name: str, what: str) -> Iterator[None]:
-        """``name  what ...`` now, `` 1.2 s`` when the block ends (a line break if it raises)."""
+    def phase(self, name: str, what: str) -> Iterator[Phase]:
+        """``name  what ...`` now, `` 1.2 s`` when the block ends (a line break if it raises),
+        then ``: note`` if the block set the yielded :class:`Phase`'s ``note``."""
         if self.enabled:
             print(f"{name:<{WIDTH}} {what} ...", end="", file=self.stream, flush=True)
         began = time.perf_counter()
+        current = Phase()
         try:
-            yield
+            yield current
         except BaseException:
             if self.enabled:
                 print(file=self.stream, flush=True)
             raise
         self.seconds[name] = time.perf_counter() - began
         if self.enabled:
-            print(f" {self.seconds[name]:.1f} s", file=self.stream, flush=True)
+            note = f": {current.note}" if current.note else ""
+            print(f" {self.seconds[name]:.1f} s{note}", file=self.stream, flush=True)
 
     def block(self, title: str, rows: list[tuple[str, str]]) -> None:
         if not self.enabled:

@@ -9,6 +9,7 @@ framework's ``TrainStep``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -74,9 +75,13 @@ class Updates:
         for step in range(self.start, steps):
             batch = self._train_set.update_batch(step, self._rows)
             if step == self.start:  # the first update of a process compiles the step
-                with self._status.phase("compile", _compile_phase(self.options.framework)):
+                framework = self.options.framework
+                with (self._status.phase("compile", _compile_phase(framework)) as phase,
+                      _cache_lookups(framework) as lookups):
                     metrics = trainer.dispatch(batch)
-                    trainer.fetch(metrics)  # compiled and run
+                    trainer.fetch(metrics)  # compiled (or loaded) and run
+                    if lookups["hits"] and not lookups["misses"]:
+                        phase.note = "loaded from the compilation cache"
                 self.bar = self._progress_bar()
             else:
                 metrics = trainer.dispatch(batch)
@@ -158,6 +163,15 @@ class Updates:
         if self._due(step, options.checkpoint_every):
             self._save()
         self._clock = time.perf_counter()
+
+
+def _cache_lookups(framework: str):
+    """A context counting the compilation cache's hits and misses (torch: none)."""
+    if framework != "jax":
+        return contextlib.nullcontext({"hits": 0, "misses": 0})
+    from jaxformer import runtime
+
+    return runtime.cache_lookups()
 
 
 def _compile_phase(framework: str) -> str:

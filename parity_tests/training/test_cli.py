@@ -142,6 +142,27 @@ def test_jax_and_torch_print_matching_losses(tmp_path, capsys):
     assert TorchCheckpointer(tmp_path / "torch" / "checkpoints").steps() == [12]
 
 
+def test_runs_differing_in_the_schedule_share_one_compiled_step(tmp_path, capsys):
+    """A learning-rate sweep compiles the train step once: the schedule (``--lr``, ``--warmup``,
+    ``--steps``, ``--schedule``) is an argument of the compiled update, not part of the program
+    (docs/training.md), so the second run's compile line says the compilation cache (the
+    suite's, ``conftest.py``) served it. The first compiles it (a length no other test trains
+    at) and says nothing: the first update looks up one program, the step."""
+    data = write_corpus(tmp_path / "corpus.txt")
+    common = ["--family", "gpt", "--preset", "tiny", "--data", data, "--dropout", 0,
+              "--seq-len", 12, "--batch-size", 3, "--progress", "plain"]
+    lines = []
+    for i, schedule in enumerate((["--steps", 2, "--lr", 1e-3],
+                                  ["--steps", 3, "--lr", 2e-3, "--warmup", 2, "--schedule",
+                                   "cosine"])):
+        assert train(*common, *schedule, "--checkpoint-dir", tmp_path / f"run{i}") == 0
+        lines.append(next(line for line in capsys.readouterr().out.splitlines()
+                          if line.startswith("compile")))
+    line = r"compile +the first update \(XLA compiles the train step\) \.\.\. \d+\.\d s"
+    assert re.fullmatch(line, lines[0]), lines
+    assert re.fullmatch(line + ": loaded from the compilation cache", lines[1]), lines
+
+
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
     data = write_corpus(tmp_path / "corpus.txt")
     run_dir = tmp_path / "run"
