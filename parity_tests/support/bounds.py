@@ -12,6 +12,7 @@ import ast
 import json
 import math
 import os
+import warnings
 
 import numpy as np
 
@@ -79,7 +80,9 @@ def comparison(explanation: str) -> tuple[float, float] | None:
     is not a comparison of two numbers."""
     line = explanation.split("\n", 1)[0]
     try:
-        node = ast.parse(line, mode="eval").body
+        with warnings.catch_warnings():  # a string operand's escapes ('\\.' in a pattern) warn
+            warnings.simplefilter("ignore", (DeprecationWarning, SyntaxWarning))
+            node = ast.parse(line, mode="eval").body
     except SyntaxError:
         return None
     if not (isinstance(node, ast.Compare) and len(node.ops) == 1
