@@ -76,14 +76,16 @@ LONGEST_FIRST = (
 )
 
 
-def _longest_first(item) -> int:
-    path = Path(str(item.path))
-    inside = path.is_relative_to(ROOT / "parity_tests")
-    return _RANK.get(path.relative_to(ROOT / "parity_tests").as_posix() if inside else "",
-                     len(_RANK))
-
-
 _RANK = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+
+def _longest_first(item) -> int:
+    """``item``'s file's place in ``LONGEST_FIRST`` (after them all when it is not there)."""
+    try:
+        name = Path(str(item.path)).relative_to(ROOT / "parity_tests").as_posix()
+    except ValueError:  # outside parity_tests/
+        return len(_RANK)
+    return _RANK.get(name, len(_RANK))
 
 
 def pytest_assertion_pass(item, lineno, orig, expl):

@@ -199,8 +199,8 @@ def test_written_out_gradient_matches_float64_torch_and_autodiff(smoothing):
     implementation against float64, twice it between two. Measured against float64 (2026-11-27,
     the same on the default ISA and AVX2-capped, 1 and 2 cores): jaxformer 0.40 of it when it
     formed ``exp(x - lse)``, 0.18-0.21 since it forms ``exp((x - max) - log_sum)`` (the default
-    ISA and AVX-capped, 2 cores), torch 0.16; jaxformer against torch 0.06 of twice it, against
-    autodiff 0.03."""
+    ISA, AVX2- and AVX-capped, 1 and 2 cores), torch 0.16; jaxformer against torch 0.06 of
+    twice it, against autodiff 0.03."""
     logits, labels = _logits_labels(8, shape=(4, 9), classes=37)
     reference = _float64_gradient(logits, labels, smoothing)
     one = _float32_error(logits, np.abs(reference).max())
