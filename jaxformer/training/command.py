@@ -342,4 +342,5 @@ def run(args) -> int:
     print(f"trained {args.family} ({args.framework}) to step {result.final_step}; metrics "
           f"{result.metrics_path}, plot {result.plot_path}, checkpoints "
           f"{result.run_dir / 'checkpoints'}")
+    print(f"time {result.times.line()}")
     return 0

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from jaxformer import frameworks
@@ -234,6 +235,7 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
     """
     from jaxformer.sharding import distributed  # several processes (nothing with one)
 
+    began = time.perf_counter()
     primary = distributed.is_primary()  # writes the run's files and reports; the others train
     stream = (options.stream or sys.stdout) if primary else io.StringIO()
     progress = options.progress if primary else "none"
@@ -263,13 +265,16 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
         rundir.write_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
     signals = interrupts.Signals(sys.stderr, checkpointer)
     saved_at = start if options.resume else None
+    save_seconds = 0.0
 
     def save():
-        nonlocal saved_at
+        nonlocal saved_at, save_seconds
+        save_began = time.perf_counter()
         with signals.saving():
             checkpointer.save(trainer, {"step": trainer.step, "identity": identity,
                                         "data_position": trainer.step * config.accumulation_steps})
         saved_at = trainer.step
+        save_seconds += time.perf_counter() - save_began
 
     updates = Updates(trainer, config, options, train_set, eval_set, start, save=save,
                       checkpointer=checkpointer, signals=signals, status=status, stream=stream,
@@ -301,6 +306,10 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
         raise RunInterrupted(interrupted, trainer.step, checkpointer.directory)
     model = trainer.sync()
     model.eval()
+    seconds = updates.update_seconds
+    times = reporting.RunTimes(time.perf_counter() - began, sum(seconds),
+                               seconds[0] if seconds else 0.0, updates.eval_seconds,
+                               save_seconds)
     return RunResult(run_dir, metrics_path, plot_path, start, trainer.step, updates.losses,
-                     model)
+                     model, times)
 

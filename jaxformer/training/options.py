@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from jaxformer import frameworks
 from jaxformer.training import tasks
+from jaxformer.training.reporting import RunTimes
 
 FRAMEWORKS = frameworks.FRAMEWORKS
 PROGRESS = ("auto", "bar", "plain", "none")
@@ -99,6 +100,7 @@ class RunResult:
     final_step: int
     losses: list[float]  # of this session's steps
     model: Any = None  # the trained model in eval mode (NNX, or torch_ref with --framework torch)
+    times: RunTimes | None = None  # where this session's wall time went
 
 
 def _hf_export(family: str) -> bool:

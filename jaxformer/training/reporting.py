@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 # evaluation keys of a metrics line: on the held-out tenth of the data file, or on --val-data
@@ -65,6 +66,32 @@ def report(record: dict, total: int, bar, progress: str, log_every: int, stream,
             if key in record:
                 line += f"  {key} {record[key]:.6f}"
         print(line, file=stream, flush=True)
+
+
+@dataclass(frozen=True)
+class RunTimes:
+    """Where a run's wall time went, in seconds: ``total`` (the whole of ``loop.train``), the
+    ``updates`` (their metrics lines' ``seconds``: each batch's preparation and the update, the
+    first one's compilation included, which is also ``first_update``), the ``evaluations`` and
+    the ``checkpoints`` (every save, the last one included); :attr:`rest` is everything else:
+    reading the data, building the model and its step, restoring a checkpoint, an export, the
+    loss plot. ``jaxformer train`` prints :meth:`line` last."""
+
+    total: float
+    updates: float
+    first_update: float
+    evaluations: float
+    checkpoints: float
+
+    @property
+    def rest(self) -> float:
+        return self.total - self.updates - self.evaluations - self.checkpoints
+
+    def line(self) -> str:
+        first = f" (the first {self.first_update:.1f} s)" if self.updates else ""
+        return (f"{self.total:.1f} s: updates {self.updates:.1f} s{first}, evaluations "
+                f"{self.evaluations:.1f} s, checkpoints {self.checkpoints:.1f} s, the rest "
+                f"{self.rest:.1f} s")
 
 
 def plot_losses(records: list[dict], path: Path, title: str) -> None:

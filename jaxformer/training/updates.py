@@ -59,6 +59,8 @@ class Updates:
         self._ahead = (trainer.dispatch_ahead if options.dispatch_ahead is None
                        else options.dispatch_ahead)
         self.losses: list[float] = []
+        self.update_seconds: list[float] = []  # each update's ``seconds`` (its metrics line's)
+        self.eval_seconds = 0.0  # the evaluations' wall time
         self.bar = None
         self._clock = time.perf_counter()  # when the previous update's bookkeeping ended
 
@@ -150,14 +152,16 @@ class Updates:
                 record["mfu"] = record["model_tflops_per_s"] / options.peak_tflops
         last = step + 1 == self.config.steps
         if self._eval_sets and (self._due(step, options.eval_every) or last):
-            evals = self._eval_sets
+            began, evals = time.perf_counter(), self._eval_sets
             record[self._eval_key] = sum(map(trainer.evaluate, evals)) / len(evals)
             if self._task.accuracy:  # equal batches: the mean of their means
                 record[self._eval_key.replace("loss", "accuracy")] = sum(
                     map(trainer.accuracy, evals)) / len(evals)
+            self.eval_seconds += time.perf_counter() - began
         self._metrics_file.write(json.dumps(record) + "\n")
         self._metrics_file.flush()
         self.losses.append(result["loss"])
+        self.update_seconds.append(seconds)
         reporting.report(record, self.config.steps, self.bar, self._progress, options.log_every,
                          self._stream, last)
         if self._due(step, options.checkpoint_every):

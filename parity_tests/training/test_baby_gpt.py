@@ -10,8 +10,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import baby_gpt
 
-RUN = {"final_val_loss": 3.3, "wall_s": 12.0, "loadavg_before": [0.5, 0.5, 0.5],
-       "loadavg_after": [1.0, 0.6, 0.5], "foreign_cores": 0.1}
+RUN = {"final_val_loss": 3.3, "wall_s": 12.0, "evaluations_s": 1.3, "checkpoints_s": 0.5,
+       "sample_s": 2.0, "loadavg_before": [0.5, 0.5, 0.5], "loadavg_after": [1.0, 0.6, 0.5],
+       "foreign_cores": 0.1}
 
 
 def test_a_sample_of_newlines_prints_a_few_lines():
@@ -24,6 +25,7 @@ def test_a_real_sample_prints_as_it_is():
     sample = "ROMEO:\nWhat light?\n\nJULIET:\nAy me."
     text = baby_gpt.summary("torch", {**RUN, "sample": sample}, "\n")
     assert text.endswith("\n" + sample)
-    assert text.startswith("== torch: final val loss 3.3000, wall 12.0 s")
+    assert text.startswith("== torch: final val loss 3.3000, wall 12.0 s (evaluations 1.3 s, "
+                           "checkpoints 0.5 s), sample 2.0 s")
     assert baby_gpt.shown("a\n\n\nb") == "a\n\n\nb"  # two blank lines stay
     assert baby_gpt.shown("a\n\n\n\nb") == "a\n[3 blank lines]\nb"

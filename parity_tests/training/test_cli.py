@@ -47,6 +47,19 @@ def test_train_gpt_writes_progress_metrics_png_and_checkpoints(gpt_run, capsys):
         assert r["tokens_per_s"] > 0
         assert r["mfu"] == pytest.approx(r["model_tflops_per_s"] / 0.5)
     assert np.mean([r["loss"] for r in records[-5:]]) < records[0]["loss"] - 0.5  # it learns
+    # where the time went: the parts add up, the three saves counted (no evaluation: the run
+    # names no --eval-every)
+    assert not any("eval_loss" in r for r in records)
+    times = re.search(r"^time (\S+) s: updates (\S+) s \(the first (\S+) s\), evaluations "
+                      r"(\S+) s, checkpoints (\S+) s, the rest (\S+) s", out, re.M)
+    assert times, out[-500:]
+    total, updates, first, evaluations, saves, rest = map(float, times.groups())
+    assert updates == pytest.approx(sum(r["seconds"] for r in records), abs=0.051)
+    assert first == pytest.approx(records[0]["seconds"], abs=0.051)
+    assert evaluations == 0
+    assert saves > 0
+    assert rest > 0
+    assert total == pytest.approx(updates + evaluations + saves + rest, abs=0.21)
     assert (run_dir / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert Checkpointer(run_dir / "checkpoints").steps() == [20, 40, 50]
     assert (run_dir / "tokenizer.json").is_file()
