@@ -311,5 +311,5 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
                                seconds[0] if seconds else 0.0, updates.eval_seconds,
                                save_seconds)
     return RunResult(run_dir, metrics_path, plot_path, start, trainer.step, updates.losses,
-                     model, times)
+                     times, model)
 

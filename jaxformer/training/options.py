@@ -99,8 +99,8 @@ class RunResult:
     start_step: int
     final_step: int
     losses: list[float]  # of this session's steps
+    times: RunTimes  # where this session's wall time went
     model: Any = None  # the trained model in eval mode (NNX, or torch_ref with --framework torch)
-    times: RunTimes | None = None  # where this session's wall time went
 
 
 def _hf_export(family: str) -> bool:
