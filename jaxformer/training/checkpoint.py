@@ -71,6 +71,18 @@ def _flat(nested: dict, prefix: str = "") -> dict:
     return out
 
 
+def _placed(host: dict, like: dict) -> dict:
+    """The NumPy arrays of ``host`` (nested dictionaries, emptied on the way) placed where their
+    counterparts in ``like`` lie, each host copy dropped once it is placed: the memory a restore
+    needs beyond the live state is one array, not a second copy of the state."""
+    out = {}
+    for key in list(host):
+        value = host.pop(key)
+        out[key] = (_placed(value, like[key]) if isinstance(value, dict)
+                    else jax.device_put(value, like[key].sharding))
+    return out
+
+
 def _crc(array) -> int:
     return zlib.crc32(np.ascontiguousarray(np.asarray(array)).tobytes())
 
@@ -208,7 +220,7 @@ class Checkpointer:
         if recorded is not None:
             self._check_layout(step, state_dir, recorded, _flat(nested))
         if jax.process_count() == 1:  # read into host memory (as :meth:`save` writes), then
-            # placed in the trainer's layout in one transfer
+            # placed in the trainer's layout (_placed)
             target = jax.tree.map(lambda x: np.empty(x.shape, x.dtype), nested)
         else:  # each process reads its pieces, in the trainer's layout whatever the saved one
             target = jax.tree.map(
@@ -226,7 +238,7 @@ class Checkpointer:
                     raise CheckpointDamaged(step, state_dir, f"array {name} does not match the "
                                             f"CRC-32 recorded when it was saved (a corrupt file)")
         if jax.process_count() == 1:
-            restored = jax.device_put(restored, jax.tree.map(lambda x: x.sharding, nested))
+            restored = _placed(restored, nested)
         trainer.load_state_dict(_from_nested(restored, template))
         return meta
 
