@@ -342,5 +342,6 @@ def run(args) -> int:
     print(f"trained {args.family} ({args.framework}) to step {result.final_step}; metrics "
           f"{result.metrics_path}, plot {result.plot_path}, checkpoints "
           f"{result.run_dir / 'checkpoints'}")
-    print(f"time {result.times.line()}")
+    if args.progress != "none":  # which prints the result line alone
+        print(f"time {result.times.line()}")
     return 0
