@@ -219,8 +219,9 @@ class Checkpointer:
         nested = _to_nested(template)
         if recorded is not None:
             self._check_layout(step, state_dir, recorded, _flat(nested))
-        if jax.process_count() == 1:  # read into host memory (as :meth:`save` writes), then
-            # placed in the trainer's layout (_placed)
+        whole = jax.process_count() == 1  # every array in this process
+        if whole:  # read into host memory (as :meth:`save` writes), then placed in the
+            # trainer's layout (_placed)
             target = jax.tree.map(lambda x: np.empty(x.shape, x.dtype), nested)
         else:  # each process reads its pieces, in the trainer's layout whatever the saved one
             target = jax.tree.map(
@@ -237,7 +238,7 @@ class Checkpointer:
                 if addressable and _crc(value) != recorded[name][2]:
                     raise CheckpointDamaged(step, state_dir, f"array {name} does not match the "
                                             f"CRC-32 recorded when it was saved (a corrupt file)")
-        if jax.process_count() == 1:
+        if whole:
             restored = _placed(restored, nested)
         trainer.load_state_dict(_from_nested(restored, template))
         return meta
