@@ -9,10 +9,11 @@ only on a lent GPU."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from parity_tests.support.helpers import fast_compile_env
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 TINY_TIMING = ["--repeats", "1", "--warmup", "0", "--peak-size", "64", "--peak-repeats", "1",
@@ -21,7 +22,8 @@ TINY_TIMING = ["--repeats", "1", "--warmup", "0", "--peak-size", "64", "--peak-r
 
 def run(script: str, *args: str) -> str:
     # A process of its own: the harness sets process-wide matmul precision and torch threads.
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # Nothing here compares against a program compiled by default (helpers.FAST_COMPILE).
+    env = fast_compile_env(PYTHONUNBUFFERED="1")
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), *args, *TINY_TIMING],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -60,7 +62,7 @@ def test_bench_loop_runs():
     two runs' losses are the same."""
     done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_loop.py"), "--steps", "4",
                            "--rounds", "1", "--batch", "2", "--seq", "16", "--no-save"],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, env=fast_compile_env(), timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "losses identical: True" in done.stdout, done.stdout[-2000:]
 
@@ -72,7 +74,7 @@ def test_bench_process_runs():
     done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_process.py"), "--preset",
                            "tiny", "--vocab", "64", "--batch", "2", "--seq", "16", "--steps",
                            "3", "--rounds", "1", "--no-save"],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, env=fast_compile_env(), timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "losses identical: True" in done.stdout, done.stdout[-2000:]
     assert "and the loaded ones compiled nothing: True" in done.stdout, done.stdout[-2000:]

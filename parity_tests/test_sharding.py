@@ -9,7 +9,6 @@ device, losses equal to 1e-5 relative over 20 steps.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,14 +23,11 @@ from jaxformer.config import BertConfig, GPTConfig, TransformerConfig
 from jaxformer.models.bert import BertForPreTraining
 from jaxformer.models.encoder_decoder import Transformer
 from jaxformer.models.gpt import GPT
+from parity_tests.support.helpers import fast_compile_env
 
 ROOT = Path(__file__).resolve().parent.parent
 LOSS_RTOL = 1e-5
 TIMEOUT = 600  # seconds, for a loaded 2-core machine; an idle one needs a tenth of it
-# The subprocesses' time goes to compiling (a few seconds per program, the 20 steps of a tiny
-# model take a fraction of one); LLVM's optimisations halve that and buy nothing at this size.
-# The reference and the sharded runs compile alike.
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
 def rel_diff(expected, actual) -> float:
@@ -115,8 +111,9 @@ def test_constrain_is_a_no_op_without_a_mesh():
 
 @pytest.fixture(scope="module")
 def eight_devices() -> dict:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
-           "XLA_FLAGS": FAST_COMPILE}
+    # The worker's time goes to compiling (the 20 steps of a tiny model take a fraction of a
+    # second); the reference and the sharded runs compile alike (helpers.FAST_COMPILE).
+    env = fast_compile_env(JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     try:
         run = subprocess.run([sys.executable,
                               str(ROOT / "parity_tests" / "tools" / "sharding_worker.py")],

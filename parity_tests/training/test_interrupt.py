@@ -25,6 +25,7 @@ import time
 
 import pytest
 
+from parity_tests.support.helpers import fast_compile_env
 from parity_tests.support.training import write_corpus
 
 STEPS = 8
@@ -41,9 +42,10 @@ def _command(data, run_dir, framework, *extra):
 def shared(tmp_path_factory):
     """The corpus and the environment every run of this module shares. The processes inherit
     the suite's JAX compilation cache (conftest.py), so that only the first JAX process compiles
-    the step; ``test_kill_resume.py`` trains the same run (corpus, sizes, steps) and shares it."""
+    the step; ``test_kill_resume.py`` trains the same run (corpus, sizes, steps, XLA options) and
+    shares it. Every run here is compared with runs compiled alike (``helpers.FAST_COMPILE``)."""
     root = tmp_path_factory.mktemp("interrupt")
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env = fast_compile_env(JAX_PLATFORMS="cpu")
     return write_corpus(root / "corpus.txt"), env
 
 

@@ -13,7 +13,6 @@ run of both compiles them once.
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -21,6 +20,7 @@ import sys
 import time
 
 from jaxformer.training.checkpoint import Checkpointer
+from parity_tests.support.helpers import fast_compile_env
 from parity_tests.support.training import write_corpus
 
 STEPS = 8  # test_interrupt.py's
@@ -59,7 +59,7 @@ def _run_until_killed(command, env, run_dir, kill_after_step):
 
 def test_killed_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
     data = write_corpus(tmp_path / "corpus.txt")  # test_interrupt.py's corpus
-    env = dict(os.environ, JAX_PLATFORMS="cpu")  # and the suite's compilation cache
+    env = fast_compile_env(JAX_PLATFORMS="cpu")  # test_interrupt.py's, and its compilations
     reference = tmp_path / "reference"
     subprocess.run(_command(data, reference), env=env, check=True, capture_output=True)
     expected = _losses(reference)

@@ -29,13 +29,13 @@ from jaxformer import cli
 from jaxformer.sharding import launch
 from jaxformer.training.checkpoint import Checkpointer
 from parity_tests.support.bounds import check
+from parity_tests.support.helpers import fast_compile_env
 from parity_tests.support.training import write_corpus
 
 LOSS_RTOL = 1e-5  # docs/design.md: sharded vs one device
 PARAMS_RTOL = 1e-4  # docs/design.md: parameters after N optimizer steps (global L2)
 TIMEOUT = 600  # seconds, for a loaded 2-core machine; an idle one needs a fifth of it
 MESH = "data=2,fsdp=2,tensor=2"
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 # A tiny run with a constant learning rate (extensible with --resume) and every output quiet.
 COMMON = ("--steps", "6", "--schedule", "constant", "--warmup", "1", "--batch-size", "8",
           "--seq-len", "16", "--progress", "plain", "--log-every", "1")
@@ -59,8 +59,8 @@ def two_processes(*args) -> list[str]:
 def fast_compile(monkeypatch):
     """The launched processes compile without LLVM's expensive optimisations: a third less time
     at this size, and the same arithmetic up to the order of float32 sums, which the bound
-    covers (test_sharding.py's FAST_COMPILE)."""
-    monkeypatch.setenv("XLA_FLAGS", FAST_COMPILE)
+    covers (``helpers.FAST_COMPILE``)."""
+    monkeypatch.setenv("XLA_FLAGS", fast_compile_env()["XLA_FLAGS"])
 
 
 def params_diff(expected: dict, actual: dict) -> float:
