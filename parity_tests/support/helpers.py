@@ -29,13 +29,18 @@ JIT_TOL = 1e-6
 FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
 
 
+def fast_compile_flags() -> str:
+    """``XLA_FLAGS`` for such a process: the suite's own (a margins run's instruction-set cap
+    kept) with ``FAST_COMPILE`` added."""
+    ours = {option.split("=")[0] for option in FAST_COMPILE}
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if f.split("=")[0] not in ours]
+    return " ".join([*kept, *FAST_COMPILE])
+
+
 def fast_compile_env(**changes: str) -> dict[str, str]:
-    """The environment for such a process: the suite's own (its compilation cache, and the
-    instruction-set cap of a margins run in ``XLA_FLAGS``, kept) with ``FAST_COMPILE`` added to
-    ``XLA_FLAGS``, and ``changes``."""
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f.split("=")[0] not in
-             {option.split("=")[0] for option in FAST_COMPILE}]
-    return {**os.environ, "XLA_FLAGS": " ".join([*flags, *FAST_COMPILE]), **changes}
+    """The environment for such a process: the suite's own (its compilation cache included) with
+    :func:`fast_compile_flags`, and ``changes``."""
+    return {**os.environ, "XLA_FLAGS": fast_compile_flags(), **changes}
 
 
 def to_numpy(x) -> np.ndarray:

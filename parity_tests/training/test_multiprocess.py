@@ -29,7 +29,7 @@ from jaxformer import cli
 from jaxformer.sharding import launch
 from jaxformer.training.checkpoint import Checkpointer
 from parity_tests.support.bounds import check
-from parity_tests.support.helpers import fast_compile_env
+from parity_tests.support.helpers import fast_compile_flags
 from parity_tests.support.training import write_corpus
 
 LOSS_RTOL = 1e-5  # docs/design.md: sharded vs one device
@@ -60,7 +60,7 @@ def fast_compile(monkeypatch):
     """The launched processes compile without LLVM's expensive optimisations: a third less time
     at this size, and the same arithmetic up to the order of float32 sums, which the bound
     covers (``helpers.FAST_COMPILE``)."""
-    monkeypatch.setenv("XLA_FLAGS", fast_compile_env()["XLA_FLAGS"])
+    monkeypatch.setenv("XLA_FLAGS", fast_compile_flags())
 
 
 def params_diff(expected: dict, actual: dict) -> float:
