@@ -34,9 +34,10 @@ REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_save
 # How attention is computed (the weights are the same): "xla" and "cudnn" call
 # jax.nn.dot_product_attention with that implementation (cuDNN is flash attention on NVIDIA GPUs),
 # "einsum" is the explicit path, the only one that can drop attention probabilities, and "auto"
-# takes "einsum" when attention dropout is active, "cudnn" in bfloat16/float16 on a CUDA GPU that
-# accepts the call, "xla" otherwise (jaxformer.nn.attention.attention). torch_ref: "einsum" is
-# its explicit matmul path, every other value is torch's scaled_dot_product_attention.
+# takes "einsum" when attention dropout is active or on the CPU (bfloat16 excepted), "cudnn" in
+# bfloat16/float16 on a CUDA GPU that accepts the call, "xla" otherwise
+# (jaxformer.nn.attention.attention). torch_ref: "einsum" is its explicit matmul path, every other
+# value is torch's scaled_dot_product_attention.
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "einsum")
 
 _TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}

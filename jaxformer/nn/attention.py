@@ -135,9 +135,14 @@ def attention(q, k, v, mask=None, dropout: nnx.Dropout | None = None,
 
     ``mask`` is boolean, broadcastable to ``(B, nh, T, S)``, True = may attend. Softmax runs in
     float32. ``implementation`` is one of ``config.ATTENTION_IMPLEMENTATIONS``; ``"auto"`` takes
-    ``"einsum"`` when dropout is active or the computation is float16 on CPU, ``"cudnn"`` for
-    bfloat16 and float16 on a CUDA GPU that has it (``runtime.auto_cudnn_attention``; shapes
+    ``"einsum"`` when dropout is active or on the CPU backend (bfloat16 excepted), ``"cudnn"``
+    for bfloat16 and float16 on a CUDA GPU that has it (``runtime.auto_cudnn_attention``; shapes
     cuDNN refuses, say a head size over its limit, fall back), and ``"xla"`` otherwise.
+
+    The CPU: XLA:CPU runs the einsum path's two batched products faster than
+    ``jax.nn.dot_product_attention``'s (a baby GPT's training step 5-20% faster on an AVX-512
+    Xeon, natively and capped to AVX2; GPT-2 and BERT-base steps, whose time is in their linear
+    layers, unchanged: docs/performance.md). bfloat16 keeps ``"xla"``, where it was measured.
 
     float16 on CPU: ``jax.nn.dot_product_attention`` asks for float16 x float16 -> float32
     matmuls (``DotAlgorithmPreset.F16_F16_F32``), an algorithm XLA:CPU does not have. Called
@@ -145,9 +150,10 @@ def attention(q, k, v, mask=None, dropout: nnx.Dropout | None = None,
     failure comes at compile time, past its ``try``, so ``"xla"`` is refused there by name.
     """
     active = _active(dropout)
-    cpu_float16 = q.dtype == jnp.float16 and jax.default_backend() == "cpu"
+    cpu = jax.default_backend() == "cpu"
+    cpu_float16 = cpu and q.dtype == jnp.float16
     if implementation == "auto":
-        if active is not None or cpu_float16:
+        if active is not None or (cpu and q.dtype != jnp.bfloat16):
             implementation = "einsum"
         elif q.dtype in (jnp.bfloat16, jnp.float16) and runtime.auto_cudnn_attention():
             try:  # cuDNN names what it cannot do when the call is traced

@@ -131,14 +131,22 @@ def test_attention_matches_torch_sdpa_math(kind, B, T, S):
     assert_close(expected, torch_ref_attention(q, k, v, mask), what="torch_ref")
 
 
-def test_xla_and_einsum_agree_and_auto_is_xla():
+def test_xla_and_einsum_agree_and_auto_is_the_backends_choice(monkeypatch):
+    """Both paths agree; ``"auto"`` (no dropout) takes the einsum path on the CPU and XLA's
+    elsewhere, in float32; bfloat16 keeps XLA's (cuDNN aside: the GPU's own tests)."""
     rng = np.random.RandomState(1)
     q, k, v = qkv(rng, 3, 7, 7, 4, 8)  # the shapes inside the MultiHeadAttention tests
-    mask = build_mask("left_padding", 3, 7, 7, 4, rng)
-    xla = np.asarray(jl.attention(q, k, v, jnp.asarray(mask), implementation="xla"))
-    einsum = np.asarray(jl.attention(q, k, v, jnp.asarray(mask), implementation="einsum"))
-    assert_close(xla, einsum, what="xla vs einsum")
-    np.testing.assert_array_equal(xla, np.asarray(jl.attention(q, k, v, jnp.asarray(mask))))
+    mask = jnp.asarray(build_mask("left_padding", 3, 7, 7, 4, rng))
+    xla = np.asarray(jl.attention(q, k, v, mask, implementation="xla"))
+    assert_close(xla, np.asarray(jl.attention(q, k, v, mask, implementation="einsum")),
+                 what="xla vs einsum")
+    taken = []
+    monkeypatch.setattr(jl, "IMPLEMENTATIONS", {
+        name: (lambda *a, _name=name, _fn=fn: taken.append(_name) or _fn(*a))
+        for name, fn in jl.IMPLEMENTATIONS.items()})
+    jl.attention(q, k, v, mask)
+    jl.attention(*(x.astype(jnp.bfloat16) for x in (q, k, v)), mask)
+    assert taken == ["einsum" if jax.default_backend() == "cpu" else "xla", "xla"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -368,9 +376,9 @@ def test_attention_dropout_needs_einsum():
     dropped = np.asarray(jl.attention(q, k, v, dropout=dropout))  # auto -> einsum
     clean = jax_attention(q, k, v, None, "einsum")
     assert not np.allclose(dropped, clean)
-    dropout.eval()  # deterministic dropout is a no-op, any implementation may run, auto is xla
-    without = np.asarray(jl.attention(q, k, v, implementation="xla"))
+    dropout.eval()  # deterministic dropout is a no-op: any implementation may run, auto as without
     for impl in ("xla", "auto"):
+        without = np.asarray(jl.attention(q, k, v, implementation=impl))
         np.testing.assert_array_equal(
             np.asarray(jl.attention(q, k, v, dropout=dropout, implementation=impl)), without)
 
