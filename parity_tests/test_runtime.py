@@ -9,6 +9,7 @@
   program as a fresh run's, so resuming finds the compiled update in the compilation cache.
 - The fast initialiser gives the same parameters; a small embedding table's gradient taken as
   masked sums equals the scatter-add's.
+- A tied LM head given one query vector reads the table as it lies, on the CPU.
 - The cuDNN attention switches follow the device and their variables.
 """
 
@@ -203,6 +204,42 @@ def test_only_small_tables_take_the_summed_gradient(monkeypatch):
 
     assert "scatter" not in program(runtime.SMALL_TABLE_ROWS)
     assert "scatter" in program(runtime.SMALL_TABLE_ROWS + 1)
+
+
+@pytest.mark.parametrize(("query_shape", "vector"), [((1, 32), True), ((1, 1, 32), True),
+                                                    ((2, 32), False), ((1, 3, 32), False)])
+def test_a_single_query_vector_multiplies_the_table_as_it_lies(query_shape, vector, monkeypatch):
+    """On the CPU a tied LM head given one query vector (batch-1 decoding) is ``table . query``
+    (docs/performance.md): the program's one product takes the ``(vocab, hidden)`` table as its
+    first operand; any other query keeps ``query . table^T``, as does the switch turned off. Both
+    give the logits of a float64 reference, in the query's shape."""
+    from flax import nnx
+
+    from jaxformer.nn.params import embedding
+
+    table = embedding(101, GPTConfig.tiny(), names=("vocab", "embed"), rngs=nnx.Rngs(0))
+    assert table.features == query_shape[-1]
+    query = np.random.RandomState(2).standard_normal(query_shape).astype(np.float32)
+    expected = query.astype(np.float64) @ np.asarray(table.embedding[...], np.float64).T
+
+    def first_operands(switch):
+        if switch is None:
+            monkeypatch.delenv("JAXFORMER_CPU_VECTOR_HEAD", raising=False)
+        else:
+            monkeypatch.setenv("JAXFORMER_CPU_VECTOR_HEAD", switch)
+        logits = np.asarray(jax.jit(table.attend)(query))
+        assert logits.shape == query_shape[:-1] + (101,)
+        # 32-term float32 dot products, logits up to 0.36: measured (2026-11-28, Intel Xeon,
+        # AVX-512, capped to AVX2 and to AVX on one core) at most 6.4e-8 from float64
+        np.testing.assert_allclose(logits, expected, rtol=1e-6, atol=2e-7)
+        jaxpr = jax.make_jaxpr(table.attend)(query).jaxpr
+        return [e.invars[0].aval.shape for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+
+    by_table, by_query = [(101, 32)], [query_shape]
+    assert first_operands(None) == (by_table if vector and jax.default_backend() == "cpu"
+                                    else by_query)
+    assert first_operands("0") == by_query
+    assert first_operands("1") == (by_table if vector else by_query)
 
 
 def test_cudnn_attention_switches(monkeypatch):

@@ -7,6 +7,7 @@ names. Twin: ``torch_ref/nn/params.py``.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -113,6 +114,16 @@ class Embed(nnx.Embed):
         else:
             out = _take(table, ids)
         return constrain(out, ("batch",) + (None,) * (ids.ndim - 1) + ("hidden",))
+
+    def attend(self, query, out_sharding=None):
+        """The tied LM head, ``(..., features) -> (..., num_embeddings)``: ``query . table^T``.
+        A single query vector (batch-1 decoding) on the CPU is ``table . query`` instead, the
+        table read as it lies (``runtime.cpu_vector_head``): the same products and sums."""
+        query, table = self.promote_dtype((query, self.embedding[...]), dtype=self.dtype)
+        if math.prod(query.shape[:-1]) == 1 and runtime.cpu_vector_head():
+            logits = jnp.dot(table, query.reshape(-1))
+            return logits.reshape(query.shape[:-1] + logits.shape)
+        return jnp.dot(query, table.T, out_sharding=out_sharding)
 
 
 def _take(table, ids):
