@@ -14,7 +14,8 @@ compared, padding of finished rows included, and the shapes must agree.
 Near ties, as in ``test_hf_parity.py``: every compared decision is first asserted clear of
 ``MIN_GAP`` (greedy: the top-2 gap of the processed scores at each step of each running row; beam:
 the top-2 gap along the returned hypotheses, teacher-forced, and the gap between the two best
-final scores). Cached decoding equals the full forward on the imported models too.
+final scores). A single source (batch-1 decoding) too, and cached decoding equals the full
+forward on the imported models.
 """
 
 from __future__ import annotations
@@ -140,6 +141,15 @@ def test_greedy_matches_hugging_face(models):
     forced = hf_generate(models, src, mask, forced_eos_token_id=eos).numpy()
     assert (forced[:, -1] == eos).all()
     assert count >= 3 * 20
+
+
+def test_one_source_greedy_matches_hugging_face(models):
+    """Batch 1: each step's LM head sees one query vector, which on the CPU multiplies the
+    table as it lies (``Embed.attend``); the tokens are Hugging Face's."""
+    name, reference, jax_model, torch_model, src, mask, base = models
+    one = (name, reference, jax_model, torch_model, src[:1], mask[:1], base)
+    assert greedy_gap(one) > MIN_GAP
+    assert compare(one) == MAX_NEW
 
 
 # (num_beams, length_penalty, forced eos, early_stopping): each a compiled program per model
