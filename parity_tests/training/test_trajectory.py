@@ -7,8 +7,9 @@ active; the BERT run accumulates gradients over two micro-batches. Bounds (DESIG
 losses equal to 1e-5 relative for the first 10 steps and 1e-4 over 100; parameters equal to 1e-4
 relative in global L2 after 100 steps, over every parameter whose exact gradient is not zero
 (``support.bounds.zero_gradient``); and float32 jaxformer no farther from the float64 run than
-``FROM_EXACT`` times float32 torch_ref is. The measured curves are printed (``pytest -s``); the
-margins on several CPUs are in docs/testing.md.
+``FROM_EXACT`` times float32 torch_ref is (for BERT, the median of that ratio over three initial
+weights: ``EXACT_SEEDS``). The measured curves are printed (``pytest -s``); the margins on
+several CPUs are in docs/testing.md.
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ CASES = {  # family -> TrainConfig changes
 # equal by the model tests, where no step compounds a kink.
 MODEL_CHANGES = {"transformer": dict(activation="gelu")}
 FROM_EXACT = 4  # jaxformer may be this many times farther from float64 than torch_ref is
+# That distance is float32 rounding compounded over 100 steps, and its ratio between the
+# frameworks is one draw that depends on the initial weights. BERT's (two micro-batches a step)
+# varies most: on an AVX-512 Xeon (torch at one thread, as here) seed 0 gave 3.0 (loss) and 2.7
+# (parameters) where seeds 1, 2 and 3 gave 0.85-1.04 and 0.77-0.99, and 5.2 with torch at two
+# threads (docs/testing.md). So BERT's ratio is the median over three initial weights; every
+# other family's single draw keeps a margin of 2x or more on every CPU measured.
+EXACT_SEEDS = {"bert": (0, 1, 2)}
 
 
 def state(model) -> dict[str, np.ndarray]:
@@ -72,28 +80,50 @@ def zero_gradient_ratio(model: torch.nn.Module) -> float:
     return max(float(g.abs().max()) for n, g in grads.items() if zero_gradient(n)) / norm
 
 
+def trajectories(family: str, config: TrainConfig, seed: int = 0, after_step=None):
+    """``STEPS`` updates of float32 jaxformer, float32 torch_ref and float64 torch_ref from the
+    weights of ``seed``: each step's metrics ``(jax, torch, float64)``, the float64 model's
+    starting parameters, and the three final parameter sets. ``after_step(torch_model,
+    float64_model)`` runs after every step."""
+    jax_step, torch_step, dataset = twin_steps(family, config, seed,
+                                               **MODEL_CHANGES.get(family, {}))
+    exact = TorchTrainStep(family, copy.deepcopy(torch_step.model).double(), config)
+    start, rows = state(exact.model), []
+    for step in range(STEPS):
+        batch = dataset.update_batch(step)
+        rows.append((jax_step(batch), torch_step(batch), exact(batch)))
+        if after_step is not None:
+            after_step(torch_step.model, exact.model)
+    return rows, start, (state(jax_step.sync()), state(torch_step.model), state(exact.model))
+
+
+def distances_from_exact(rows, params) -> dict[str, tuple[float, float]]:
+    """Each float32 framework's distance from the float64 run: the worst step's relative loss
+    difference and the final parameters' relative L2."""
+    losses = [np.array([r[i]["loss"] for r in rows]) for i in range(3)]
+    return {who: ((np.abs(losses[i] - losses[2]) / losses[2]).max(),
+                  global_rel_l2(params[i], params[2]))
+            for i, who in enumerate(("jaxformer", "torch_ref"))}
+
+
 @pytest.mark.parametrize("family", sorted(CASES))
 def test_trajectory_matches_torch(family):
     config = TrainConfig(steps=STEPS, batch_size=4, seq_len=16, learning_rate=3e-3,
                          weight_decay=0.1, decay_embeddings=False, clip_norm=0.5,
                          **CASES[family])
-    jax_step, torch_step, dataset = twin_steps(family, config, **MODEL_CHANGES.get(family, {}))
-    exact = TorchTrainStep(family, copy.deepcopy(torch_step.model).double(), config)
-    start = state(exact.model)
-    rows, zero_grad_64, zero_grad_32 = [], 0.0, 0.0
-    for step in range(STEPS):
-        batch = dataset.update_batch(step)
-        rows.append((jax_step(batch), torch_step(batch), exact(batch)))
-        zero_grad_64 = max(zero_grad_64, zero_gradient_ratio(exact.model))
-        zero_grad_32 = max(zero_grad_32, zero_gradient_ratio(torch_step.model))
-    loss_j, loss_t, loss_e = (np.array([r[i]["loss"] for r in rows]) for i in range(3))
+    zero_grad = {"float64": 0.0, "float32": 0.0}
+
+    def watch_zero_gradients(torch_model, exact_model):
+        zero_grad["float64"] = max(zero_grad["float64"], zero_gradient_ratio(exact_model))
+        zero_grad["float32"] = max(zero_grad["float32"], zero_gradient_ratio(torch_model))
+
+    rows, start, (ours, theirs, exact_params) = trajectories(family, config,
+                                                             after_step=watch_zero_gradients)
+    zero_grad_64, zero_grad_32 = zero_grad["float64"], zero_grad["float32"]
+    loss_j, loss_t = (np.array([r[i]["loss"] for r in rows]) for i in range(2))
     rel = np.abs(loss_j - loss_t) / np.abs(loss_t)
-    ours, theirs, exact_params = state(jax_step.sync()), state(torch_step.model), state(exact.model)
     params = global_rel_l2(ours, theirs)
-    from_exact = {"jaxformer": ((np.abs(loss_j - loss_e) / loss_e).max(),
-                                global_rel_l2(ours, exact_params)),
-                  "torch_ref": ((np.abs(loss_t - loss_e) / loss_e).max(),
-                                global_rel_l2(theirs, exact_params))}
+    from_exact = distances_from_exact(rows, (ours, theirs, exact_params))
     curve = " ".join(f"{rel[i:i + 10].max():.1e}" for i in range(0, STEPS, 10))
     print(f"\n{family}: loss {loss_t[0]:.3f} -> {loss_t[-1]:.3f}; max rel loss diff per 10 steps: "
           f"{curve}; params rel L2 after {STEPS}: {params:.1e}; from float64 (losses, params): "
@@ -122,9 +152,17 @@ def test_trajectory_matches_torch(family):
     # Against the exact trajectory: float32 jaxformer is as close to it as float32 torch_ref is.
     # Measured jaxformer / torch_ref: losses 0.9-1.7, parameters 0.7-1.1 (AVX2, 1 and 2 cores);
     # optax's float32 bias correction, before optim.scale_by_adam, gave 13-50 on the classifier.
+    draws = [from_exact]
+    for seed in EXACT_SEEDS.get(family, (0,))[1:]:
+        seed_rows, _, seed_params = trajectories(family, config, seed)
+        draws.append(distances_from_exact(seed_rows, seed_params))
     for n, what in enumerate(("loss, worst step", "parameters, relative L2")):
-        check(from_exact["jaxformer"][n], FROM_EXACT * from_exact["torch_ref"][n],
-              f"{what}: jaxformer's distance from float64 over {FROM_EXACT} x torch_ref's")
+        ratios = [draw["jaxformer"][n] / draw["torch_ref"][n] for draw in draws]
+        print(f"{what}: jaxformer / torch_ref distance from float64, per initial weights: "
+              + ", ".join(f"{r:.2f}" for r in ratios))
+        over = f" (median of {len(ratios)} initial weights)" if len(ratios) > 1 else ""
+        check(float(np.median(ratios)), FROM_EXACT,
+              f"{what}: jaxformer's distance from float64 over torch_ref's{over}")
 
 
 def test_accumulation_equals_one_big_batch():
