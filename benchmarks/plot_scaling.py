@@ -43,7 +43,7 @@ def points(paths: list[Path]) -> list[dict]:
                                 "batch": case["batch"], "seq": case["seq"],
                                 "framework": name, "median_s": case[name]["median_s"],
                                 "speed_ratio": case[name].get("speed_ratio"),
-                                "file": path.name,
+                                "clock": case["clock"], "file": path.name,
                                 "measured_at_utc": case["measured_at_utc"]})
     return out
 
@@ -79,8 +79,11 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
                               [r["median_s"] * 1e3 / (r["batch"] * r["seq"]) for r in line],
                               style, color=color, label=f"{model} ({line[0]['seq']} tokens), "
                                                        f"{name}")
+    clocks = {r["clock"] for r in rows}
+    clock = {"cpu": "CPU time", "wall": "wall clock"}[clocks.pop()] if len(clocks) == 1 else \
+        "mixed clocks"
     size_ax.set(xscale="log", yscale="log", xlabel="parameters (millions)",
-                ylabel="median train step (ms, CPU time)", title="step time vs model size")
+                ylabel=f"median train step (ms, {clock})", title="step time vs model size")
     batch_ax.set(xscale="log", xlabel="batch size (sequences)", ylabel="ms per token",
                  title="cost per token vs batch size")
     for ax in (size_ax, batch_ax):
