@@ -8,7 +8,7 @@ losses equal to 1e-5 relative for the first 10 steps and 1e-4 over 100; paramete
 relative in global L2 after 100 steps, over every parameter whose exact gradient is not zero
 (``support.bounds.zero_gradient``); and float32 jaxformer no farther from the float64 run than
 ``FROM_EXACT`` times float32 torch_ref is (for BERT, the median of that ratio over three initial
-weights: ``EXACT_SEEDS``). The measured curves are printed (``pytest -s``); the margins on
+weights: ``MORE_SEEDS``). The measured curves are printed (``pytest -s``); the margins on
 several CPUs are in docs/testing.md.
 """
 
@@ -53,9 +53,9 @@ FROM_EXACT = 4  # jaxformer may be this many times farther from float64 than tor
 # frameworks is one draw that depends on the initial weights. BERT's (two micro-batches a step)
 # varies most: on an AVX-512 Xeon (torch at one thread, as here) seed 0 gave 3.0 (loss) and 2.7
 # (parameters) where seeds 1, 2 and 3 gave 0.85-1.04 and 0.77-0.99, and 5.2 with torch at two
-# threads (docs/testing.md). So BERT's ratio is the median over three initial weights; every
-# other family's single draw keeps a margin of 2x or more on every CPU measured.
-EXACT_SEEDS = {"bert": (0, 1, 2)}
+# threads (docs/testing.md). So BERT's ratio is the median over three initial weights, seed 0's
+# and these; every other family's single draw keeps a margin of 2x or more on every CPU measured.
+MORE_SEEDS = {"bert": (1, 2)}
 
 
 def state(model) -> dict[str, np.ndarray]:
@@ -153,7 +153,7 @@ def test_trajectory_matches_torch(family):
     # Measured jaxformer / torch_ref: losses 0.9-1.7, parameters 0.7-1.1 (AVX2, 1 and 2 cores);
     # optax's float32 bias correction, before optim.scale_by_adam, gave 13-50 on the classifier.
     draws = [from_exact]
-    for seed in EXACT_SEEDS.get(family, (0,))[1:]:
+    for seed in MORE_SEEDS.get(family, ()):
         seed_rows, _, seed_params = trajectories(family, config, seed)
         draws.append(distances_from_exact(seed_rows, seed_params))
     for n, what in enumerate(("loss, worst step", "parameters, relative L2")):
