@@ -118,9 +118,10 @@ class Embed(nnx.Embed):
     def attend(self, query, out_sharding=None):
         """The tied LM head, ``(..., features) -> (..., num_embeddings)``: ``query . table^T``.
         A single query vector (batch-1 decoding) on the CPU is ``table . query`` instead, the
-        table read as it lies (``runtime.cpu_vector_head``): the same products and sums."""
+        table read as it lies (``runtime.cpu_vector_head``): the same products and sums. An
+        explicit ``out_sharding`` keeps the plain product, which takes it."""
         query, table = self.promote_dtype((query, self.embedding[...]), dtype=self.dtype)
-        if math.prod(query.shape[:-1]) == 1 and runtime.cpu_vector_head():
+        if out_sharding is None and math.prod(query.shape[:-1]) == 1 and runtime.cpu_vector_head():
             logits = jnp.dot(table, query.reshape(-1))
             return logits.reshape(query.shape[:-1] + logits.shape)
         return jnp.dot(query, table.T, out_sharding=out_sharding)
