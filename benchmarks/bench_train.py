@@ -69,6 +69,10 @@ WORKLOADS = {
     # issue 24's targets: the two small models users train on a CPU, and BERT-base at 4 x 128
     "gpt2-6l": dict(family="gpt", preset="gpt2", label="GPT-2 6 layers, causal LM", batch=4,
                     seq=128, fields=dict(num_layers=6)),
+    # GPT-2 with one layer, beside gpt2-6l: their difference is five layers' cost, the rest
+    # (embeddings, the tied head and its loss over the vocabulary, the optimizer) what is left
+    "gpt2-1l": dict(family="gpt", preset="gpt2", label="GPT-2 1 layer, causal LM", batch=4,
+                    seq=128, fields=dict(num_layers=1)),
     "baby": dict(family="gpt", preset="baby", label="baby GPT (nanoGPT), causal LM", batch=12,
                  seq=64),
     "bert4": dict(family="bert", preset="base", label="BERT-base, MLM + NSP", batch=4, seq=128),

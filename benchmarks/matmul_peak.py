@@ -42,6 +42,9 @@ def cases(kind: str, sizes):
             "attn AV 96 x (128x128 @ 128x64)": (128, 128, 64, 96, False),
             "gpt2 fc1 2048x768 @ 768x3072 +b": (2048, 768, 3072, None, True),
             "gpt2 lm-head 2048x768 @ 768x50257": (2048, 768, 50257, None, False),
+            # the tied head's input gradient at GPT-2 6 layers' 4 x 128: dY @ table, contracting
+            # over the vocabulary
+            "gpt2 lm-head dX 512x50257 @ 50257x768": (512, 50257, 768, None, False),
         })
     return out
 
