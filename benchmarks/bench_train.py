@@ -94,8 +94,6 @@ VARIANTS = {
     "precision-default": dict(precision="default"),
     # runtime switches (jaxformer.runtime), set around each of the variant's calls
     "xla-weight-grads": dict(env={"JAXFORMER_CPU_WEIGHT_GRADIENTS": "0"}),
-    # the loss's sum over the classes as XLA's reduction, not a product with ones
-    "xla-class-sums": dict(env={"JAXFORMER_CPU_CLASS_SUMS": "0"}),
     # XLA options the step is compiled with (TrainStep's compiler_options; the runtime's own
     # choice is the base step's): XLA's Triton GEMM kernels on, or off (products to cuBLAS)
     "triton-gemm": dict(compiler_options={"xla_gpu_enable_triton_gemm": True}),

@@ -13,13 +13,6 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   a decode step 1.1-1.3x faster; a MarianMT-sized encoder-decoder 7x). On by default on the CPU
   backend, off elsewhere and under a device mesh; ``JAXFORMER_CPU_VECTOR_HEAD=0`` turns it off,
   ``=1`` forces it.
-- :func:`cpu_class_sums`: the loss's sums over the classes (``jaxformer.training.losses``: the
-  softmax's exponentials, and the logits for label smoothing) are products with a vector of
-  ones: XLA:CPU runs a row reduction on one thread (and writes the exponentials out first,
-  fusing nothing into it), a product on all of them (GPT-2's loss over 50,257 words: forward and
-  backward 1.5x faster on two cores; the float32 sums in another order). On by default on the
-  CPU backend, off elsewhere and under a device mesh; ``JAXFORMER_CPU_CLASS_SUMS=0`` turns it
-  off, ``=1`` forces it.
 - :func:`tune_allocator`: glibc's ``malloc`` gives every large block back to the kernel on
   ``free`` and takes it again on the next ``malloc`` (XLA:CPU frees tens to hundreds of MB of
   scratch per call: thousands of page faults per step). ``mallopt`` makes it keep them. A thread
@@ -117,12 +110,6 @@ def cpu_vector_head() -> bool:
     """Whether a tied LM head given one query vector multiplies the table by it as the table
     lies (``jaxformer.nn.params.Embed.attend``)."""
     return _cpu_rule("JAXFORMER_CPU_VECTOR_HEAD")
-
-
-def cpu_class_sums() -> bool:
-    """Whether ``jaxformer.training.losses`` sums over the classes as a product with a vector of
-    ones (XLA:CPU runs it on every thread; its row reduction, on one)."""
-    return _cpu_rule("JAXFORMER_CPU_CLASS_SUMS")
 
 
 SMALL_TABLE_ROWS = 16

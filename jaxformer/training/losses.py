@@ -12,7 +12,6 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxformer import runtime
 from jaxformer.training import data, tasks
 from jaxformer.training.config import IGNORE_INDEX, TrainConfig
 
@@ -70,22 +69,12 @@ def _target_losses_fwd(logits, labels, label_smoothing: float):
     x = logits.astype(jnp.float32)
     top = jnp.max(x, axis=-1)
     top = jnp.where(jnp.isfinite(top), top, 0.0)
-    log_sum = jnp.log(_class_sum(jnp.exp(x - top[..., None])))
+    log_sum = jnp.log(jnp.sum(jnp.exp(x - top[..., None]), axis=-1))
     out = (top - jnp.take_along_axis(x, labels[..., None], axis=-1)[..., 0]) + log_sum
     if label_smoothing:  # cross-entropy against the uniform distribution: lse - mean_c(x_c)
         out = (1.0 - label_smoothing) * out + label_smoothing * (
-            (top - _class_sum(x) / x.shape[-1]) + log_sum)
+            (top - jnp.mean(x, axis=-1)) + log_sum)
     return out, (logits, labels, top, log_sum)
-
-
-def _class_sum(values):
-    """``(..., C)`` -> ``(...)``: the sum over the classes; on the CPU a product with ones, which
-    XLA:CPU splits over its threads where it runs a reduction on one (``runtime.cpu_class_sums``;
-    the float32 sum in another order)."""
-    if runtime.cpu_class_sums():
-        ones = jnp.ones(values.shape[-1], values.dtype)
-        return jnp.matmul(values, ones, precision=jax.lax.Precision.HIGHEST)
-    return jnp.sum(values, axis=-1)
 
 
 def _target_losses_bwd(label_smoothing: float, residuals, g):
