@@ -69,8 +69,9 @@ WORKLOADS = {
     # issue 24's targets: the two small models users train on a CPU, and BERT-base at 4 x 128
     "gpt2-6l": dict(family="gpt", preset="gpt2", label="GPT-2 6 layers, causal LM", batch=4,
                     seq=128, fields=dict(num_layers=6)),
-    # GPT-2 with one layer, beside gpt2-6l: their difference is five layers' cost, the rest
-    # (embeddings, the tied head and its loss over the vocabulary, the optimizer) what is left
+    # GPT-2 with one layer: timed beside gpt2-6l, the difference is five layers' cost and what
+    # the 1-layer step keeps besides its layer is the rest (embeddings, the tied head and its loss
+    # over the vocabulary, the optimizer)
     "gpt2-1l": dict(family="gpt", preset="gpt2", label="GPT-2 1 layer, causal LM", batch=4,
                     seq=128, fields=dict(num_layers=1)),
     "baby": dict(family="gpt", preset="baby", label="baby GPT (nanoGPT), causal LM", batch=12,
