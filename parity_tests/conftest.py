@@ -26,6 +26,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # set before xdist starts its
         tempfile.mkdtemp(prefix="jaxformer-suite-xla-"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# glibc's allocator as it comes, in the suite's processes and the ones they start: the library's
+# settings (jaxformer.runtime.tune_allocator) put every thread on one malloc arena, which makes
+# XLA's compiler, whose HLO and code-generation threads allocate all the time, about 1.2x slower
+# (docs/testing.md); the suite is mostly compiling. Memory settings change no compiled program
+# and no result; the tests of the settings themselves run in interpreters of their own.
+os.environ.setdefault("JAXFORMER_TUNE_MALLOC", "0")
 
 import jax
 import numpy as np
