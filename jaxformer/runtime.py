@@ -84,7 +84,7 @@ ALLOCATOR_SETTINGS = {_M_MMAP_THRESHOLD: _INT_MAX, _M_TRIM_THRESHOLD: _INT_MAX,
                       _M_TOP_PAD: 64 << 20, _M_ARENA_MAX: 1}
 
 
-def _env_switch(name: str) -> bool | None:
+def env_switch(name: str) -> bool | None:
     """True / False when the variable ``name`` says so, None when it is unset."""
     value = os.environ.get(name)
     if value is None:
@@ -95,7 +95,7 @@ def _env_switch(name: str) -> bool | None:
 def _cpu_rule(variable: str) -> bool:
     """A CPU layout rule, read at trace time: on for the CPU backend without a device mesh,
     unless ``variable`` says otherwise."""
-    forced = _env_switch(variable)
+    forced = env_switch(variable)
     if forced is not None:
         return forced
     return jax.default_backend() == "cpu" and jax.sharding.get_abstract_mesh().empty
@@ -118,7 +118,7 @@ SMALL_TABLE_ROWS = 16
 def select_small_tables() -> bool:
     """Whether ``jaxformer.nn.params.Embed`` takes the gradient of a table of at most
     ``SMALL_TABLE_ROWS`` rows as masked sums (read at trace time; see the module docstring)."""
-    forced = _env_switch("JAXFORMER_SELECT_SMALL_TABLES")
+    forced = env_switch("JAXFORMER_SELECT_SMALL_TABLES")
     if forced is not None:
         return forced
     return jax.default_backend() != "cpu"
@@ -127,7 +127,7 @@ def select_small_tables() -> bool:
 def auto_cudnn_attention() -> bool:
     """Whether ``attention_implementation="auto"`` tries cuDNN (read at trace time; see the
     module docstring)."""
-    forced = _env_switch("JAXFORMER_CUDNN_ATTENTION")
+    forced = env_switch("JAXFORMER_CUDNN_ATTENTION")
     if forced is not None:
         return forced
     return _cuda_compute_capability() >= (8, 0) and jax.sharding.get_abstract_mesh().empty
@@ -148,7 +148,7 @@ def _cuda_compute_capability() -> tuple[int, ...]:
 def cudnn_mask_types() -> bool:
     """Whether cuDNN attention runs causal and right-padding masks as its own mask types (read
     at trace time; see the module docstring)."""
-    return _env_switch("JAXFORMER_CUDNN_MASK_TYPES") is not False
+    return env_switch("JAXFORMER_CUDNN_MASK_TYPES") is not False
 
 
 def initializer_compiler_options() -> dict | None:
@@ -157,7 +157,7 @@ def initializer_compiler_options() -> dict | None:
     compiling it is most of a small model's start-up (a tiny model's 4.9 s -> 2.5 s), and its
     parameters are the same bit for bit (``parity_tests/test_runtime.py``).
     ``JAXFORMER_FAST_INITIALIZER=0`` compiles it as everything else."""
-    if _env_switch("JAXFORMER_FAST_INITIALIZER") is False or jax.default_backend() != "cpu":
+    if env_switch("JAXFORMER_FAST_INITIALIZER") is False or jax.default_backend() != "cpu":
         return None
     return {"xla_backend_optimization_level": 1}
 
@@ -165,7 +165,7 @@ def initializer_compiler_options() -> dict | None:
 def train_compiler_options() -> dict | None:
     """XLA options for the training step's programs (``training.step.TrainStep``), read when
     the step is built: see the module docstring."""
-    if jax.default_backend() != "gpu" or _env_switch("JAXFORMER_TRITON_GEMM"):
+    if jax.default_backend() != "gpu" or env_switch("JAXFORMER_TRITON_GEMM"):
         return None
     return {"xla_gpu_enable_triton_gemm": False}
 
@@ -180,7 +180,7 @@ def tune_allocator() -> bool:
 
 
 def _apply_allocator_settings() -> bool:
-    if _env_switch("JAXFORMER_TUNE_MALLOC") is False or not sys.platform.startswith("linux"):
+    if env_switch("JAXFORMER_TUNE_MALLOC") is False or not sys.platform.startswith("linux"):
         return False
     if any(k.startswith("MALLOC_") for k in os.environ):
         return False

@@ -76,6 +76,8 @@ JAX_ONLY = {
     "training/data.py": "host-side numpy batches: both frameworks train on the very same data",
     "training/vocab.py": "framework-free tokenizers: both twins train on the ids they give",
     "training/corpus.py": "fetches and splits a text corpus (host-side files, no model)",
+    "training/precompile.py": "compiles the JAX train step in a helper process; torch_ref's "
+                              "step is eager, there is nothing to compile",
     "training/synthetic.py": "framework-free synthetic copy/reverse batches both twins train on",
     "training/tasks/": "framework-free objectives (dataset, loss name, model name): both twins "
                        "select the same Task by its key",

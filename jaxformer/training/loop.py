@@ -193,6 +193,21 @@ def initializer(source, options: RunOptions, train_set, run_dir: Path, stream,
     return apply
 
 
+def _compile_helper(family, model_cfg, config, options, train_set, eval_set, stream):
+    """The helper process that compiles jaxformer's train step while the run builds its model
+    (``training.precompile``: on the CPU, a step compiled in the process runs slower than one
+    loaded from the compilation cache), or None."""
+    if options.framework != "jax":
+        return None
+    from jaxformer.training import precompile
+
+    if not precompile.wanted(options.mesh):
+        return None
+    evals = eval_set.eval_batches(options.eval_batches) if eval_set is not None else []
+    return precompile.start(family, model_cfg, config, train_set.update_batch(0), evals,
+                            stream, options.mesh)
+
+
 def _processes_agree(identity: dict, tokenizer) -> bool:
     """With several processes (``sharding.distributed``): refuse unless every process describes
     the same run and built the same tokenizer. True for the process that writes the run's files
@@ -245,10 +260,19 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
     family = options.family
     # With --init-from the checkpoint's weights are matched in on --resume too: the restored
     # state replaces them, and a run interrupted before its first save starts where it began.
-    with status.phase("build", f"the {family} model and its train step ({options.framework})"):
-        trainer, checkpointer_cls = build_trainer(
-            family, options.framework, model_cfg, config, options,
-            initializer(source, options, train_set, run_dir, stream, primary))
+    helper = _compile_helper(family, model_cfg, config, options, train_set, eval_set, stream)
+    try:
+        with status.phase("build",
+                          f"the {family} model and its train step ({options.framework})"):
+            trainer, checkpointer_cls = build_trainer(
+                family, options.framework, model_cfg, config, options,
+                initializer(source, options, train_set, run_dir, stream, primary))
+        if helper is not None:
+            with status.phase("compile", "the train step, in a helper process"):
+                helper.wait(trainer)
+    finally:
+        if helper is not None:
+            helper.stop()
     checkpointer = checkpointer_cls(run_dir / "checkpoints", keep=options.keep)
     start = rundir.resume_latest(checkpointer, trainer, config.accumulation_steps,
                                  options.resume_strict, run_dir, stream) if options.resume \
