@@ -8,10 +8,12 @@ heap in a state where the step's own ``malloc`` and ``free`` calls wait on its l
 as often (a baby GPT's update 1.1-1.35x slower, docs/performance.md, "Whole recipe"), and the one
 arena slows the compiler itself about 1.2x. So ``jaxformer train``, when its compilation cache
 does not hold the step yet, starts ``python -m jaxformer.training.precompile`` beside its own
-start-up: a child without the allocator settings that builds the same model and step, compiles
-the update and the evaluations for the run's first batch and evaluation batches into the cache,
-and exits. The run then loads those programs instead of compiling them: the same programs (the
-cache key is a hash of the program and its compile options), the same losses bit for bit.
+start-up: a child without the allocator settings that builds the same step (on the model with
+zeros for weights: it compiles, it never runs), compiles the update and the evaluations for the
+run's first batch and evaluation batches into the cache, and exits. Meanwhile the run builds its
+model and step and traces its update; it then loads those programs instead of compiling them:
+the same programs (the cache key is a hash of the program and its compile options), the same
+losses bit for bit.
 
 When: the CPU backend, one process, no device mesh, the persistent cache on
 (``jaxformer.runtime.enable_compilation_cache``) and the allocator settings applied.
@@ -152,17 +154,18 @@ class Helper:
                       f"{' | '.join(tail) or 'no output'}; compiling it in this process",
                       file=self.stream, flush=True)
                 return False
-            self._write_marker(self._result_path.read_text())
+            self._write_marker()
             return True
         finally:
             self.stop()
 
-    def _write_marker(self, entries: str) -> None:
-        """Records the helper's work for the next run (which then starts none); a cache it
-        cannot write to only means the next run starts a helper again."""
+    def _write_marker(self) -> None:
+        """Records the helper's work (the entries it wrote) for the next run, which then starts
+        none; a cache it cannot write to only means the next run starts a helper again."""
         marker = self.cache / MARKERS / f"{self.key}.json"
         tmp = marker.with_name(f".{marker.name}.{os.getpid()}")
         try:
+            entries = self._result_path.read_text()
             marker.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_text(entries)
             os.replace(tmp, marker)
@@ -193,7 +196,8 @@ def start(family: str, model_config, config, batch: dict, eval_batches: list[dic
     # JAX's options as this process has them (the default matmul precision, say, is in the
     # traced program; the cache directory and its thresholds decide what is written)
     options = {name: value for name, value in jax.config.values.items()
-               if name not in _PLATFORM_OPTIONS}
+               if name not in _PLATFORM_OPTIONS
+               and isinstance(value, str | int | float | bool | type(None))}  # not a device
     spec = {"family": family, "model_config": model_config, "config": config, "batch": batch,
             "eval_batches": list(distinct.values()), "jax_config": options}
     key = _marker_key(spec)
