@@ -93,7 +93,19 @@ def test_a_stopped_helper_ends_at_once(tmp_path):
     assert not (tmp_path / precompile.MARKERS).exists()
 
 
-@pytest.mark.parametrize("switch", ["0", "off"])
-def test_the_switch_turns_the_helper_off(monkeypatch, switch):
-    monkeypatch.setenv("JAXFORMER_COMPILE_HELPER", switch)
-    assert precompile.wanted() is False
+@pytest.mark.parametrize(("switch", "tuned", "expected"), [
+    (None, True, True),    # the default: wanted where the allocator settings are applied
+    (None, False, False),  # not without them (the suite's own processes)
+    ("0", True, False), ("off", True, False),
+    ("1", False, True),    # forced
+])
+def test_the_switch_decides_whether_a_helper_is_wanted(monkeypatch, tmp_path, switch, tuned,
+                                                       expected):
+    monkeypatch.setattr(precompile, "_cache_dir", lambda: tmp_path)  # a cache is in use
+    monkeypatch.setattr(precompile.runtime, "tune_allocator", lambda: tuned)
+    if switch is None:
+        monkeypatch.delenv("JAXFORMER_COMPILE_HELPER", raising=False)
+    else:
+        monkeypatch.setenv("JAXFORMER_COMPILE_HELPER", switch)
+    assert precompile.wanted() is expected
+    assert precompile.wanted(mesh="data=1") is False  # never under a device mesh
