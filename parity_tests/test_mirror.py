@@ -119,6 +119,8 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
             "the same for embeddings; torch_ref uses nn.Embedding and init_weights",
         (JAX, "class Embed"):
             "ids outside the table read NaN under jit, where JAX cannot raise; torch raises itself",
+        (JAX, "function vector_kernels"):
+            "(out, in) kernel copies for XLA:CPU's matrix-vector products; torch's are stored so",
         (TORCH, "function init_weights"):
             "torch layers come with torch's own initialisers: one pass replaces them afterwards",
     },

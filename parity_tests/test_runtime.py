@@ -261,3 +261,124 @@ def test_cudnn_attention_switches(monkeypatch):
         monkeypatch.setenv("JAXFORMER_CUDNN_MASK_TYPES", value)
         assert runtime.auto_cudnn_attention() is expected
         assert runtime.cudnn_mask_types() is expected
+
+
+def _dot_generals(jaxpr) -> list:
+    """The ``dot_general`` equations of ``jaxpr`` and of the programs inside it (a custom
+    gradient's forward, a loop's body)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found.append(eqn)
+        for value in eqn.params.values():
+            inner = getattr(value, "jaxpr", value)
+            if hasattr(inner, "eqns"):
+                found += _dot_generals(inner)
+    return found
+
+
+@pytest.mark.parametrize("input_shape", [(1, 1, 32), (1, 32), (3, 5, 32)])
+def test_a_linear_layer_multiplies_by_its_vector_kernel_as_it_lies(input_shape):
+    """``params.vector_kernels`` gives a linear layer an ``(out, in)`` copy of its kernel
+    (docs/performance.md, "Decoding at batch 1"): the layer's one product then takes that copy
+    as it lies and gives the float64 reference's output, as the stored kernel does."""
+    from flax import nnx
+
+    from jaxformer.nn.params import linear, vector_kernels
+
+    layer = linear(32, 37, GPTConfig.tiny(), names=("embed", "mlp"), rngs=nnx.Rngs(0))
+    layer.bias[...] = np.linspace(-1, 1, 37, dtype=np.float32)
+    x = np.random.RandomState(3).standard_normal(input_shape).astype(np.float32)
+    expected = (x.astype(np.float64) @ np.asarray(layer.kernel[...], np.float64)
+                + np.asarray(layer.bias[...], np.float64))
+
+    def output_and_matrix(module):
+        out = np.asarray(module(x))
+        (dot,) = _dot_generals(jax.make_jaxpr(lambda v: module(v))(x).jaxpr)
+        return out, [v.aval.shape for v in dot.invars if v.aval.shape != input_shape]
+
+    stored, stored_matrix = output_and_matrix(layer)
+    vector_kernels(layer)
+    copied, copied_matrix = output_and_matrix(layer)
+    assert stored_matrix == [(32, 37)]
+    assert copied_matrix == [(37, 32)]
+    for out in (stored, copied):
+        assert out.shape == input_shape[:-1] + (37,)
+        # 32-term float32 dot products, outputs up to ~3: float32 rounding, 1e-6 of the largest
+        np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+
+
+def _spy_vector_kernels(monkeypatch) -> list:
+    """The models ``params.vector_kernels`` is called on from now on (it still does its work)."""
+    from jaxformer.nn import params
+
+    calls = []
+    real = params.vector_kernels
+    monkeypatch.setattr(params, "vector_kernels", lambda m: calls.append(m) or real(m))
+    return calls
+
+
+def test_vector_kernels_serve_long_single_row_generation_only(monkeypatch):
+    """The loop's layers get ``(out, in)`` kernel copies for one row (one prompt, no beams) and
+    at least ``VECTOR_KERNEL_MIN_TOKENS`` new tokens: on the CPU by default, wherever
+    ``JAXFORMER_CPU_VECTOR_KERNELS=1``, nowhere with it off; never for fewer tokens, two rows or
+    two beams (there the products are not matrix-vector ones, and a short call does not repay
+    the copies)."""
+    from flax import nnx
+
+    from jaxformer.generation import checks, decoding
+    from jaxformer.models.gpt import GPT
+
+    model = GPT(GPTConfig.tiny(), rngs=nnx.Rngs(0))
+    calls = _spy_vector_kernels(monkeypatch)
+    new = runtime.VECTOR_KERNEL_MIN_TOKENS
+
+    def applied(switch, rows=1, **kwargs):
+        if switch is None:
+            monkeypatch.delenv("JAXFORMER_CPU_VECTOR_KERNELS", raising=False)
+        else:
+            monkeypatch.setenv("JAXFORMER_CPU_VECTOR_KERNELS", switch)
+        kwargs = dict(dict(max_new_tokens=new), **kwargs)
+        options, _ = checks.check_generate(vocab_size=29, **kwargs)
+        calls.clear()
+        decoding._vector_steps(model, rows, options)
+        return bool(calls)
+
+    assert applied(None) == (jax.default_backend() == "cpu")
+    assert applied("1")
+    assert applied("1", max_new_tokens=4 * new)
+    assert not applied("0")
+    assert not applied("1", max_new_tokens=new - 1)
+    assert not applied("1", rows=2)
+    assert not applied("1", num_beams=2)
+
+
+@pytest.mark.parametrize("family", ["gpt", "seq2seq"])
+def test_generation_with_vector_kernels_gives_the_stored_kernels_tokens(family, monkeypatch):
+    """The same tokens with the loop's ``(out, in)`` kernel copies as with the stored kernels
+    (the same products and sums; the switch is read when the program is traced, so each call
+    here traces afresh)."""
+    from flax import nnx
+
+    from jaxformer.generation import generate
+    from jaxformer.models.encoder_decoder import Transformer
+    from jaxformer.models.gpt import GPT
+
+    if family == "gpt":
+        model, extra = GPT(GPTConfig.tiny(), rngs=nnx.Rngs(4)), {}
+    else:
+        model = Transformer(TransformerConfig.tiny(), rngs=nnx.Rngs(4))
+        extra = dict(decoder_start_token_id=1)
+    model.eval()
+    ids = np.random.RandomState(5).randint(3, 20, (1, 6)).astype(np.int32)
+    calls = _spy_vector_kernels(monkeypatch)
+    tokens = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("JAXFORMER_CPU_VECTOR_KERNELS", switch)
+        jax.clear_caches()
+        calls.clear()
+        new = runtime.VECTOR_KERNEL_MIN_TOKENS
+        tokens[switch] = np.asarray(generate(model, ids, max_new_tokens=new, **extra))
+        assert bool(calls) == (switch == "1")
+    assert tokens["1"].shape[1] > runtime.VECTOR_KERNEL_MIN_TOKENS
+    np.testing.assert_array_equal(tokens["1"], tokens["0"])

@@ -14,9 +14,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxformer import runtime
 from jaxformer.generation import checks, search
 from jaxformer.models.encoder_decoder import Transformer
 from jaxformer.models.gpt import GPT
+from jaxformer.nn import params
+
+
+def _vector_steps(model, rows: int, options) -> None:
+    """One row for many steps on the CPU: the loop's products by ``(out, in)`` kernel copies
+    (``runtime.cpu_vector_kernels``); the prefill and the encoder keep the kernels as stored."""
+    if (rows * options.num_beams == 1 and options.max_new_tokens >= runtime.VECTOR_KERNEL_MIN_TOKENS
+            and runtime.cpu_vector_kernels()):
+        params.vector_kernels(model)
 
 
 def _search(step_fn, logits, cache, prompt, options, values, stream_id):
@@ -33,6 +43,7 @@ def _generate_gpt(graphdef, state, input_ids, attention_mask, values, stream_id,
     hidden, cache = model.hidden_states(input_ids, attention_mask, cache=cache)
     last = P - 1 - jnp.argmax(attention_mask[:, ::-1], axis=-1)  # each row's last real token
     logits = model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0])
+    _vector_steps(model, B, options)
 
     def step_fn(tokens, cache):
         hidden, cache = model.hidden_states(tokens[:, None], None, cache=cache)
@@ -50,6 +61,7 @@ def _generate_seq2seq(graphdef, state, src_ids, src_mask, decoder_start_token_id
     cache = model.init_cache(memory, 1 + options.max_new_tokens, src_mask)
     start = jnp.full((B, 1), decoder_start_token_id, jnp.int32)
     logits, cache = model.decode(start, None, tgt_mask=jnp.ones((B, 1), bool), cache=cache)
+    _vector_steps(model, B, options)
 
     def step_fn(tokens, cache):
         ones = jnp.ones((tokens.shape[0], 1), bool)  # generated tokens always count
