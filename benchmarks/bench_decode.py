@@ -21,8 +21,12 @@ tied LM head; the position table is read one row at a time and not counted), the
 best of a jitted ``jnp.sum`` and a numpy ``sum`` over ``--bandwidth-mb`` of float32, measured in
 this process. The per-token decode time is ``(t(new) - t(1)) / (new - 1)``.
 
+``--jax-switch NAME`` adds the candidate ``jaxformer NAME=0`` (``harness.switched_off``), timed
+interleaved with the default in the same process, and the default's speed-up over it.
+
     python benchmarks/bench_decode.py                         # batch 1 and 8, 32 + 128 tokens
     python benchmarks/bench_decode.py --batches 1 --new 32 --repeats 3 --no-save   # a quick look
+    python benchmarks/bench_decode.py --batches 1 --new 64 --jax-switch JAXFORMER_CPU_VECTOR_KERNELS
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ def main(argv=None) -> int:
     parser.add_argument("--new", type=int, default=128, help="new tokens (128)")
     parser.add_argument("--bandwidth-mb", type=int, default=1024, help="bandwidth array (1024)")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
+    harness.add_jax_switch(parser)
     args = parser.parse_args(argv)
     bench = harness.start(args, "decode", title=f"Greedy decoding, GPT-2 small: prompt "
                                                 f"{args.prompt}, {args.new} new tokens")
@@ -103,6 +108,7 @@ def main(argv=None) -> int:
     reference.to(bench.tdev)
     torch_model.to(bench.tdev)
     config = jax_model.config
+    switch_off, variant = harness.switched_off(args.jax_switch, "_generate_gpt")
     bandwidth = memory_bandwidth(jax, args.bandwidth_mb)
     per_token_bytes = bytes_read_per_token(config)
     bound_s = per_token_bytes / bandwidth["bytes_per_s"]
@@ -131,7 +137,13 @@ def main(argv=None) -> int:
                 bench.sync()
                 return out.cpu().numpy()
 
+            def run_variant():
+                with switch_off():
+                    return run_jax()
+
             fns = {"jaxformer": run_jax, "torch_ref": run_torch}
+            if switch_off is not None:
+                fns[variant] = run_variant
             if not args.no_hf:
                 fns["hf_generate"] = run_hf
             return fns
@@ -145,6 +157,8 @@ def main(argv=None) -> int:
                 outputs = {"jaxformer": out}
         outputs.update({name: fn() for name, fn in candidates(args.new).items()
                         if name != "jaxformer"})
+        if switch_off is not None:
+            candidates(1)[variant]()
         same = {name: float((out == outputs["jaxformer"]).mean())
                 for name, out in outputs.items() if name != "jaxformer"}
         baseline = "torch_ref" if args.no_hf else "hf_generate"
@@ -163,6 +177,12 @@ def main(argv=None) -> int:
             if batch == 1:
                 case[name]["bandwidth_bound_fraction"] = bound_s / decode
                 notes[f"{name} of bandwidth bound"] = f"{100 * bound_s / decode:.0f}%"
+        if switch_off is not None:  # the switch's gain, whole call and per step
+            ratio = case[variant]["median_s"] / case["jaxformer"]["median_s"]
+            steps = case[variant]["decode_s_per_step"] / case["jaxformer"]["decode_s_per_step"]
+            case["jaxformer"].update(speed_ratio_over_switch_off=ratio,
+                                     step_ratio_over_switch_off=steps)
+            notes[f"jaxformer / {variant} (call; step)"] = f"{ratio:.3f}; {steps:.3f}"
         compile_s = {new: first_calls[new] - (case if new == args.new else ttft)["jaxformer"][
             "median_s"] for new in first_calls}
         case["jaxformer"]["compile_s"] = compile_s[args.new]

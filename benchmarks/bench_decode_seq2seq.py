@@ -21,6 +21,9 @@ and jaxformer's compile time (its first call minus its median).
 
     python benchmarks/bench_decode_seq2seq.py                    # batch 1 and 8, greedy, beam 4
     python benchmarks/bench_decode_seq2seq.py --batches 1 --beams 1 --repeats 2 --no-save
+
+``--jax-switch NAME`` adds the candidate ``jaxformer NAME=0`` (``harness.switched_off``), timed
+interleaved with the default in the same process, and the default's speed-up over it.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def main(argv=None) -> int:
     parser.add_argument("--source", type=int, default=24, help="source tokens per row (24)")
     parser.add_argument("--new", type=int, default=32, help="new tokens (32)")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
+    harness.add_jax_switch(parser)
     args = parser.parse_args(argv)
     bench = harness.start(args, "decode_seq2seq",
                           title=f"Encoder-decoder decoding, MarianMT base: source {args.source}, "
@@ -69,6 +73,7 @@ def main(argv=None) -> int:
     reference.to(bench.tdev)
     torch_model.to(bench.tdev)
     settings = {"decoder_start_token_id": pad, "pad_token_id": pad}
+    switch_off, variant = harness.switched_off(args.jax_switch, "_generate_seq2seq")
 
     for batch in (int(b) for b in args.batches.split(",")):
         for beams in (int(b) for b in args.beams.split(",")):
@@ -93,7 +98,13 @@ def main(argv=None) -> int:
                 bench.sync()
                 return out.cpu().numpy()
 
+            def run_variant(run=run_jax):
+                with switch_off():
+                    return run()
+
             fns = {"jaxformer": run_jax, "torch_ref": run_torch}
+            if switch_off is not None:
+                fns[variant] = run_variant
             if not args.no_hf:
                 fns["hf_generate"] = run_hf
             t0 = time.perf_counter()
@@ -111,6 +122,10 @@ def main(argv=None) -> int:
             notes = {"identical tokens vs jaxformer": ", ".join(
                 f"{k} {100 * v:.1f}%" for k, v in same.items()),
                 "jaxformer compile s": f"{compile_s:.1f}"}
+            if switch_off is not None:
+                ratio = case[variant]["median_s"] / case["jaxformer"]["median_s"]
+                case["jaxformer"]["speed_ratio_over_switch_off"] = ratio
+                notes[f"jaxformer / {variant}"] = f"{ratio:.3f}"
             case.update(label=f"MarianMT base {search_name}, batch {batch}",
                         shape=f"{batch} x ({args.source} -> {args.new})", notes=notes)
             bench.add(f"marian_{'greedy' if beams == 1 else f'beam{beams}'}_b{batch}", case)

@@ -106,6 +106,55 @@ def argument_parser(doc: str, *, repeats: int = 15, warmup: int = 3) -> argparse
 
 # ----------------------------------------------------------------------------- statistics
 
+def add_jax_switch(parser: argparse.ArgumentParser) -> None:
+    """``--jax-switch NAME`` for the generation benchmarks (``switched_off``)."""
+    def switch(name: str) -> str:
+        if not name.startswith("JAXFORMER_"):
+            raise argparse.ArgumentTypeError(f"takes a JAXFORMER_* variable, got {name!r}")
+        return name
+    parser.add_argument("--jax-switch", type=switch, default=None, metavar="NAME",
+                        help="also time jaxformer's generation compiled with the switch NAME=0")
+
+
+def switched_off(name: str | None, program: str):
+    """``(context manager, candidate name)`` for ``--jax-switch NAME``, ``(None, None)`` without
+    it. Under the context manager ``jaxformer.generation.decoding``'s ``program``
+    (``_generate_gpt`` or ``_generate_seq2seq``) is a second compiled program, traced with the
+    environment variable ``name`` set to ``0``: jaxformer reads its ``JAXFORMER_*`` switches when
+    a program is traced and jax keeps one trace per function, so the variant needs a function of
+    its own. The default program stays compiled as it is; both are timed in one process."""
+    if name is None:
+        return None, None
+    import contextlib
+
+    import jax
+
+    from jaxformer.generation import decoding
+
+    default = getattr(decoding, program)
+    traced = default.__wrapped__
+
+    def variant(graphdef, *args, **kwargs):
+        return traced(graphdef, *args, **kwargs)
+
+    compiled = jax.jit(variant, static_argnums=0, static_argnames="options")
+
+    @contextlib.contextmanager
+    def off():
+        saved = os.environ.get(name)
+        setattr(decoding, program, compiled)
+        os.environ[name] = "0"
+        try:
+            yield
+        finally:
+            setattr(decoding, program, default)
+            if saved is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = saved
+    return off, f"jaxformer {name}=0"
+
+
 def summarize(times) -> dict:
     import numpy as np
     t = np.asarray(times, dtype=float)

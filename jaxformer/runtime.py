@@ -13,14 +13,15 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   a decode step 1.1-1.3x faster; a MarianMT-sized encoder-decoder 7x). On by default on the CPU
   backend, off elsewhere and under a device mesh; ``JAXFORMER_CPU_VECTOR_HEAD=0`` turns it off,
   ``=1`` forces it.
-- :func:`cpu_vector_kernels`: batch-1 generation of at least ``VECTOR_KERNEL_MIN_TOKENS`` new
-  tokens copies the decoder's linear kernels once, before the loop, as ``(out, in)``, and each
-  step multiplies them by its one hidden vector as they lie: XLA:CPU streams a matrix-vector
-  product 1.1-1.4x faster with the weight in that layout than in the ``(in, out)`` one the
-  parameters keep (an AVX-512 EPYC; GPT-2 small's decode step 1.09x at 32 new tokens, 1.16x at
-  128). The copy costs about what 15 steps gain and the kernels' memory once more for the call,
-  hence the minimum. On by default on the CPU backend, off elsewhere and under a device mesh;
-  ``JAXFORMER_CPU_VECTOR_KERNELS=0`` turns it off, ``=1`` forces it (the minimum still holds).
+- :func:`cpu_vector_kernels`: generation of one row for at least ``VECTOR_KERNEL_MIN_TOKENS``
+  new tokens copies the narrowing linear kernels (more inputs than outputs: the second
+  feed-forward matrix) once, before the loop, as ``(out, in)``, and each step multiplies them by
+  its one hidden vector as they lie: XLA:CPU streams such a matrix-vector product about 1.4x
+  faster in that layout than in the ``(in, out)`` one the parameters keep (an AVX-512 EPYC;
+  widening and square ones gain little or lose). The copy is paid once per call, with the
+  kernels' memory once more for the call, hence the minimum. On by default on the CPU backend,
+  off elsewhere and under a device mesh; ``JAXFORMER_CPU_VECTOR_KERNELS=0`` turns it off, ``=1``
+  forces it (the minimum still holds).
 - :func:`tune_allocator`: glibc's ``malloc`` gives every large block back to the kernel on
   ``free`` and takes it again on the next ``malloc`` (XLA:CPU frees tens to hundreds of MB of
   scratch per call: thousands of page faults per step). ``mallopt`` makes it keep them. A thread
@@ -124,8 +125,8 @@ VECTOR_KERNEL_MIN_TOKENS = 32
 
 
 def cpu_vector_kernels() -> bool:
-    """Whether batch-1 generation of at least ``VECTOR_KERNEL_MIN_TOKENS`` tokens multiplies by
-    ``(out, in)`` copies of the linear kernels (``jaxformer.nn.params.vector_kernels``)."""
+    """Whether generating one row for at least ``VECTOR_KERNEL_MIN_TOKENS`` tokens multiplies by
+    ``(out, in)`` copies of the narrowing linear kernels (``jaxformer.nn.params.vector_kernels``)."""
     return _cpu_rule("JAXFORMER_CPU_VECTOR_KERNELS")
 
 

@@ -277,35 +277,43 @@ def _dot_generals(jaxpr) -> list:
     return found
 
 
-@pytest.mark.parametrize("input_shape", [(1, 1, 32), (1, 32), (3, 5, 32)])
-def test_a_linear_layer_multiplies_by_its_vector_kernel_as_it_lies(input_shape):
-    """``params.vector_kernels`` gives a linear layer an ``(out, in)`` copy of its kernel
-    (docs/performance.md, "Decoding at batch 1"): the layer's one product then takes that copy
-    as it lies and gives the float64 reference's output, as the stored kernel does."""
+@pytest.mark.parametrize("input_shape", [(1, 1, 37), (1, 37), (3, 5, 37)])
+def test_a_narrowing_linear_layer_multiplies_by_its_vector_kernel_as_it_lies(input_shape):
+    """``params.vector_kernels`` gives a narrowing linear layer (more inputs than outputs) an
+    ``(out, in)`` copy of its kernel (docs/performance.md, "Decoding at batch 1"): the layer's
+    one product then takes that copy as it lies and gives the float64 reference's output, as the
+    stored kernel does. A widening or square layer keeps its kernel (no faster there)."""
     from flax import nnx
 
     from jaxformer.nn.params import linear, vector_kernels
 
-    layer = linear(32, 37, GPTConfig.tiny(), names=("embed", "mlp"), rngs=nnx.Rngs(0))
-    layer.bias[...] = np.linspace(-1, 1, 37, dtype=np.float32)
+    config = GPTConfig.tiny()
+    layer = linear(37, 32, config, names=("mlp", "embed"), rngs=nnx.Rngs(0))
+    layer.bias[...] = np.linspace(-1, 1, 32, dtype=np.float32)
+    others = [linear(32, 37, config, names=("embed", "mlp"), rngs=nnx.Rngs(1)),
+              linear(32, 32, config, names=("embed", "embed"), rngs=nnx.Rngs(2))]
     x = np.random.RandomState(3).standard_normal(input_shape).astype(np.float32)
     expected = (x.astype(np.float64) @ np.asarray(layer.kernel[...], np.float64)
                 + np.asarray(layer.bias[...], np.float64))
 
-    def output_and_matrix(module):
-        out = np.asarray(module(x))
-        (dot,) = _dot_generals(jax.make_jaxpr(lambda v: module(v))(x).jaxpr)
-        return out, [v.aval.shape for v in dot.invars if v.aval.shape != input_shape]
+    def output_and_matrix(module, v):
+        out = np.asarray(module(v))
+        (dot,) = _dot_generals(jax.make_jaxpr(lambda u: module(u))(v).jaxpr)
+        return out, [u.aval.shape for u in dot.invars if u.aval.shape != v.shape]
 
-    stored, stored_matrix = output_and_matrix(layer)
-    vector_kernels(layer)
-    copied, copied_matrix = output_and_matrix(layer)
-    assert stored_matrix == [(32, 37)]
-    assert copied_matrix == [(37, 32)]
+    stored, stored_matrix = output_and_matrix(layer, x)
+    for module in [layer, *others]:
+        vector_kernels(module)
+    copied, copied_matrix = output_and_matrix(layer, x)
+    assert stored_matrix == [(37, 32)]
+    assert copied_matrix == [(32, 37)]
     for out in (stored, copied):
-        assert out.shape == input_shape[:-1] + (37,)
-        # 32-term float32 dot products, outputs up to ~3: float32 rounding, 1e-6 of the largest
+        assert out.shape == input_shape[:-1] + (32,)
+        # 37-term float32 dot products, outputs up to ~3: float32 rounding, 1e-6 of the largest
         np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+    for module in others:
+        kernel = module.kernel[...]
+        assert output_and_matrix(module, x[..., :kernel.shape[0]])[1] == [kernel.shape]
 
 
 def _spy_vector_kernels(monkeypatch) -> list:

@@ -85,14 +85,16 @@ class _Linear(nnx.Linear):
 
 
 def vector_kernels(model: nnx.Module) -> None:
-    """Give every linear layer of ``model`` (2-D kernels: a scanned stack's are left as they are)
-    its kernel copied as ``(out, in)``, which it then multiplies by as the copy lies: XLA:CPU
-    streams a matrix-vector product faster in that layout (``runtime.cpu_vector_kernels``).
-    The same products and sums. For a model merged inside a traced function (generation calls it
-    before its loop): the copies are values of that program, made once per call."""
+    """Give every narrowing linear layer of ``model`` (more inputs than outputs: the second
+    feed-forward matrix; 2-D kernels only, a scanned stack's are left as they are) its kernel
+    copied as ``(out, in)``, which it then multiplies by as the copy lies: XLA:CPU streams such a
+    matrix-vector product faster in that layout (``runtime.cpu_vector_kernels``). The same
+    products and sums. For a model merged inside a traced function (generation calls it before
+    its loop): the copies are values of that program, made once per call."""
     for _, module in nnx.iter_graph(model):
-        if isinstance(module, _Linear) and module.kernel[...].ndim == 2:
-            module._vector_kernel = module.kernel[...].T
+        kernel = module.kernel[...] if isinstance(module, _Linear) else None
+        if kernel is not None and kernel.ndim == 2 and kernel.shape[0] > kernel.shape[1]:
+            module._vector_kernel = kernel.T
 
 
 def linear(in_features: int, out_features: int, config, *, names: tuple[str, str],
