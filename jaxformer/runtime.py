@@ -126,7 +126,7 @@ VECTOR_KERNEL_MIN_TOKENS = 32
 
 def cpu_vector_kernels() -> bool:
     """Whether generating one row for at least ``VECTOR_KERNEL_MIN_TOKENS`` tokens multiplies by
-    ``(out, in)`` copies of the narrowing linear kernels (``jaxformer.nn.params.vector_kernels``)."""
+    ``(out, in)`` copies of the narrowing linear kernels (``nn.params.vector_kernels``)."""
     return _cpu_rule("JAXFORMER_CPU_VECTOR_KERNELS")
 
 
