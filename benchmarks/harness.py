@@ -104,7 +104,7 @@ def argument_parser(doc: str, *, repeats: int = 15, warmup: int = 3) -> argparse
     return p
 
 
-# ----------------------------------------------------------------------------- statistics
+# ----------------------------------------------------------------------------- switches
 
 def add_jax_switch(parser: argparse.ArgumentParser) -> None:
     """``--jax-switch NAME`` for the generation benchmarks (``switched_off``)."""
@@ -154,6 +154,8 @@ def switched_off(name: str | None, program: str):
                 os.environ[name] = saved
     return off, f"jaxformer {name}=0"
 
+
+# ----------------------------------------------------------------------------- statistics
 
 def summarize(times) -> dict:
     import numpy as np

@@ -9,11 +9,19 @@ jax faster). Linear layers are timed the way each framework's model runs them
 torch ``F.linear(x, weight, bias)`` (weight ``[out, in]``, MKL/oneDNN ``addmm``); attention
 products as batched matmuls. The square case uses the same code as the peak of every benchmark.
 
+``--cases vector`` times the matrix-vector products of batch-1 decoding instead: one row times
+each weight shape of GPT-2 small, BERT-large/GPT-2 medium and MarianMT base, as many distinct
+weights per call as make about ``--vector-mb`` of them (so they stream from memory, not a cache),
+three candidates: jax with the kernel as the models store it (``[in, out]``), jax with an
+``[out, in]`` copy (``jaxformer.nn.params.vector_kernels``), torch ``F.linear``; the notes give
+each one's read bandwidth (GB/s).
+
 XLA:CPU flags must be set before jax starts: pass them with ``--xla-flags`` (appended to
 ``XLA_FLAGS``) to compare dot back ends, e.g. ``--xla-flags=--xla_cpu_use_xnnpack=false``.
 
     python benchmarks/matmul_peak.py                         # square 2048 and the model shapes
     python benchmarks/matmul_peak.py --cases square --sizes 1024,2048,4096 --repeats 9
+    python benchmarks/matmul_peak.py --cases vector --repeats 15
 """
 
 from __future__ import annotations
@@ -49,9 +57,52 @@ def cases(kind: str, sizes):
     return out
 
 
+VECTOR_SHAPES = [(768, 768), (768, 3072), (3072, 768), (768, 2304), (1024, 1024), (1024, 4096),
+                 (4096, 1024), (512, 512), (512, 2048), (2048, 512)]
+
+
+def vector_case(bench, k: int, n: int, megabytes: int):
+    """``(bytes read, candidates)``: one row times ``count`` distinct ``[k, n]`` weights in one
+    call, the weights about ``megabytes`` in all (see the module doc)."""
+    import numpy as np
+    jax, jnp, torch = bench.jax, bench.jax.numpy, bench.torch
+    count = max(4, round(megabytes * 2**20 / (4 * k * n)))
+    rng = np.random.RandomState(0)
+    weights = [(rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32) for _ in range(count)]
+    x = jax.device_put(jnp.asarray(rng.standard_normal((1, k)), jnp.float32), bench.jdev)
+    stored = [jax.device_put(jnp.asarray(w), bench.jdev) for w in weights]
+    copies = [jax.device_put(jnp.asarray(np.ascontiguousarray(w.T)), bench.jdev) for w in weights]
+    as_stored = jax.jit(lambda x, ws: [x @ w for w in ws])
+    as_copied = jax.jit(lambda x, ws: [jnp.einsum("oi,bi->bo", w, x) for w in ws])
+    fns = {"jax": lambda: jax.block_until_ready(as_stored(x, stored)),
+           "jax (out, in)": lambda: jax.block_until_ready(as_copied(x, copies))}
+    if torch is not None:
+        tx = torch.from_numpy(np.asarray(x)).to(bench.tdev)
+        tws = [torch.from_numpy(np.ascontiguousarray(w.T)).to(bench.tdev) for w in weights]
+
+        def run_torch():
+            with torch.inference_mode():
+                [torch.nn.functional.linear(tx, w) for w in tws]
+            bench.sync()
+        fns["torch"] = run_torch
+    return 4 * k * n * count, count, fns
+
+
+def vector_products(bench, args) -> None:
+    for k, n in VECTOR_SHAPES:
+        nbytes, count, fns = vector_case(bench, k, n, args.vector_mb)
+        case = bench.measure(fns, baseline="jax", peak=False)
+        rates = {fw: nbytes / case[fw]["median_s"] / 1e9 for fw in fns}
+        notes = {"GB/s " + " / ".join(fns): " / ".join(f"{r:.1f}" for r in rates.values())}
+        case.update(label=f"1x{k} @ {k}x{n}", shape=f"{count} weights, {nbytes / 2**20:.0f} MB",
+                    notes=notes)
+        bench.add(f"vector {k}x{n}", case)
+
+
 def main(argv=None):
     p = harness.argument_parser(__doc__, repeats=7, warmup=2)
-    p.add_argument("--cases", choices=("square", "model", "all"), default="all")
+    p.add_argument("--cases", choices=("square", "model", "all", "vector"), default="all")
+    p.add_argument("--vector-mb", type=int, default=200, help="weights per vector case (200)")
     p.add_argument("--sizes", default="2048", help="square sizes, comma-separated")
     p.add_argument("--json", default="", help="also write the rates here (the format of the "
                    "first matmul results: best and median GFLOP/s and times per case)")
@@ -59,6 +110,9 @@ def main(argv=None):
     bench = harness.start(args, "matmul-peak", title="Matmul rates: jax (jit) vs torch")
     if bench is None:
         return 0
+    if args.cases == "vector":
+        vector_products(bench, args)
+        return bench.finish()
     rates = {}
     for name, (m, k, n, batch, bias) in cases(args.cases, [int(s) for s in
                                                            args.sizes.split(",")]).items():

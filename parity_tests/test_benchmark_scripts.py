@@ -37,6 +37,15 @@ def test_bench_forward_runs():
         assert f"| {label} | 2 x " in out, out[-2000:]
 
 
+def test_matmul_peak_times_the_vector_products():
+    """``matmul_peak.py --cases vector``: every decoding shape with its three candidates (the
+    stored kernel, the ``(out, in)`` copy, torch) and their bandwidths."""
+    out = run("matmul_peak.py", "--cases", "vector", "--vector-mb", "1")
+    for k, n in ((768, 3072), (3072, 768), (512, 2048)):
+        assert f"| 1x{k} @ {k}x{n} | 4 weights" in out, out[-2000:]
+    assert "GB/s jax / jax (out, in) / torch" in out
+
+
 def test_bench_train_runs_and_its_profile_is_summarised(tmp_path):
     """``bench_train.py`` with the late-fetch variant (two updates a call) and ``--profile``,
     which writes a trace per jaxformer candidate; ``profile_summary.py`` sums it by thread: the
