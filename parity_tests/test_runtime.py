@@ -316,6 +316,51 @@ def test_a_narrowing_linear_layer_multiplies_by_its_vector_kernel_as_it_lies(inp
         assert output_and_matrix(module, x[..., :kernel.shape[0]])[1] == [kernel.shape]
 
 
+def test_cached_self_attention_projects_one_row_by_one_matrix():
+    """``MultiHeadAttention.vector_copies`` joins the query, key and value kernels into one
+    ``(3C, C)`` matrix: cached self-attention then makes its queries, keys and values with one
+    product by it, and gives the output and cache of the three stored kernels (float32 rounding);
+    cross-attention and uncached calls keep the stored kernels."""
+    from flax import nnx
+
+    from jaxformer.nn.attention import MultiHeadAttention
+    from jaxformer.nn.cache import LayerCache
+
+    config = GPTConfig.tiny()
+    C, nh = config.hidden_size, config.num_heads
+    attention = MultiHeadAttention(config, rngs=nnx.Rngs(0))
+    attention.eval()
+    for projection in (attention.query, attention.key, attention.value):
+        projection.bias[...] = np.random.RandomState(4).standard_normal(C).astype(np.float32)
+    rng = np.random.RandomState(5)
+    x = rng.standard_normal((1, 1, C)).astype(np.float32)
+    slots = rng.standard_normal((2, 1, nh, 7, C // nh)).astype(np.float32)
+    cache = LayerCache(key=slots[0], value=slots[1])
+    mask = np.ones((1, 1, 1, 7), bool)
+
+    def cached(v):
+        return attention(v, mask=mask, cache=cache, cache_index=3)
+
+    def matrices(fn, *args):  # traced afresh each time (a function's trace is cached)
+        jaxpr = jax.make_jaxpr(lambda *a: fn(*a))(*args).jaxpr
+        return sorted({tuple(u.aval.shape) for e in _dot_generals(jaxpr) for u in e.invars
+                       if u.aval.ndim == 2 and u.aval.shape != (1, C)})
+
+    stored, stored_cache = cached(x)
+    assert matrices(cached, x) == [(C, C)]  # four products by (C, C) kernels
+    attention.vector_copies()
+    assert attention._qkv_kernel.shape == (3 * C, C)
+    one, one_cache = cached(x)
+    assert matrices(cached, x) == [(C, C), (3 * C, C)]  # the output's kernel, and the copy
+    # C-term float32 dot products over values of order 1: float32 rounding
+    np.testing.assert_allclose(np.asarray(one), np.asarray(stored), rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(one_cache), jax.tree.leaves(stored_cache), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    context = LayerCache(key=slots[0], value=slots[1])
+    assert matrices(lambda v: attention(v, mask=mask, cache=context), x) == [(C, C)]
+    assert matrices(lambda v: attention(v), x) == [(C, C)]
+
+
 def _spy_vector_kernels(monkeypatch) -> list:
     """The models ``params.vector_kernels`` is called on from now on (it still does its work)."""
     from jaxformer.nn import params

@@ -217,6 +217,35 @@ class MultiHeadAttention(nnx.Module):
         self.attention_dropout = nnx.Dropout(config.attention_dropout_rate, rngs=rngs)
         self.implementation = config.attention_implementation
 
+    # set on a model merged inside a traced program (vector_copies)
+    _qkv_kernel: jax.Array | None = None
+    _qkv_bias: jax.Array | None = None
+
+    def vector_copies(self) -> None:
+        """The query, key and value kernels as one ``(3C, C)`` matrix (and their biases as one
+        vector) for cached self-attention over one row (``params.vector_kernels``): XLA:CPU
+        streams that product faster than three ``(C, C)`` ones as stored. 2-D kernels only."""
+        projections = (self.query, self.key, self.value)
+        kernels = [p.kernel[...] for p in projections]
+        if any(k.ndim != 2 for k in kernels):
+            return
+        biases = [p.bias[...] for p in projections if p.bias is not None]
+        self._qkv_kernel = jnp.concatenate([k.T for k in kernels])
+        self._qkv_bias = jnp.concatenate(biases) if len(biases) == 3 else None
+
+    def _vector_projections(self, x):
+        """``(queries (B, T, nh, hs), LayerCache of heads-first keys and values)`` by the one
+        ``(3C, C)`` copy of ``vector_copies``."""
+        B, T, _ = x.shape
+        x, kernel, bias = self.query.promote_dtype((x, self._qkv_kernel, self._qkv_bias),
+                                                   dtype=self.query.dtype)
+        qkv = jnp.einsum("oi,...i->...o", kernel, x)
+        if bias is not None:
+            qkv = qkv + bias
+        q, k, v = (t.reshape(B, T, self.num_heads, self.head_dim)
+                   for t in jnp.split(qkv, 3, axis=-1))
+        return q, LayerCache(key=k.transpose(0, 2, 1, 3), value=v.transpose(0, 2, 1, 3))
+
     def key_value(self, context) -> LayerCache:
         """``(B, S, C)`` -> a ``LayerCache`` of keys and values, each heads-first
         ``(B, nh, S, hs)``."""
@@ -230,7 +259,12 @@ class MultiHeadAttention(nnx.Module):
 
     def __call__(self, hidden_states, context=None, mask=None, cache=None, cache_index=None):
         B, T, C = hidden_states.shape
-        q = self.query(hidden_states).reshape(B, T, self.num_heads, self.head_dim)
+        one_product = (self._qkv_kernel is not None and cache is not None and context is None
+                       and cache_index is not None)
+        if one_product:
+            q, new = self._vector_projections(hidden_states)
+        else:
+            q = self.query(hidden_states).reshape(B, T, self.num_heads, self.head_dim)
         if cache is None:
             context = hidden_states if context is None else context
             S = context.shape[1]
@@ -242,7 +276,8 @@ class MultiHeadAttention(nnx.Module):
             raise ValueError("attention with a cache takes no context: cross-attention reads "
                              "the context's keys and values from the cache")
         if cache_index is not None:  # self-attention: write this call's slots, read them all
-            new = self.key_value(hidden_states)
+            if not one_product:
+                new = self.key_value(hidden_states)
 
             def write(slots, x):
                 return jax.lax.dynamic_update_slice(slots, x.astype(slots.dtype),

@@ -64,6 +64,14 @@ class _Linear(nnx.Linear):
 
     _vector_kernel: jax.Array | None = None  # set on a model merged inside a traced program
 
+    def vector_copies(self) -> None:
+        """A narrowing layer's (more inputs than outputs: the second feed-forward matrix) kernel
+        copied as ``(out, in)`` (``vector_kernels``); 2-D kernels only, a scanned stack's are
+        left as they are."""
+        kernel = self.kernel[...]
+        if kernel.ndim == 2 and kernel.shape[0] > kernel.shape[1]:
+            self._vector_kernel = kernel.T
+
     def __call__(self, inputs, out_sharding=None):
         explicit = (out_sharding is not None or self.preferred_element_type is not None
                     or self.precision is not None)
@@ -85,16 +93,18 @@ class _Linear(nnx.Linear):
 
 
 def vector_kernels(model: nnx.Module) -> None:
-    """Give every narrowing linear layer of ``model`` (more inputs than outputs: the second
-    feed-forward matrix; 2-D kernels only, a scanned stack's are left as they are) its kernel
-    copied as ``(out, in)``, which it then multiplies by as the copy lies: XLA:CPU streams such a
-    matrix-vector product faster in that layout (``runtime.cpu_vector_kernels``). The same
-    products and sums. For a model merged inside a traced function (generation calls it before
-    its loop): the copies are values of that program, made once per call."""
+    """Copies of weights for products of one row (batch-1 decoding on the CPU,
+    ``runtime.cpu_vector_kernels``): every module of ``model`` with a ``vector_copies`` method
+    makes its copies, which its calls then multiply by as they lie: a narrowing linear layer its
+    kernel as ``(out, in)`` (``_Linear.vector_copies``), self-attention its query, key and value
+    kernels as one ``(3C, C)`` matrix (``attention.MultiHeadAttention.vector_copies``). XLA:CPU
+    streams those matrix-vector products faster (docs/performance.md). The same products and
+    sums. For a model merged inside a traced function (generation calls it before its loop): the
+    copies are values of that program, made once per call."""
     for _, module in nnx.iter_graph(model):
-        kernel = module.kernel[...] if isinstance(module, _Linear) else None
-        if kernel is not None and kernel.ndim == 2 and kernel.shape[0] > kernel.shape[1]:
-            module._vector_kernel = kernel.T
+        make = getattr(module, "vector_copies", None)
+        if callable(make):
+            make()
 
 
 def linear(in_features: int, out_features: int, config, *, names: tuple[str, str],
