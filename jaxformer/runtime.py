@@ -14,14 +14,15 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   backend, off elsewhere and under a device mesh; ``JAXFORMER_CPU_VECTOR_HEAD=0`` turns it off,
   ``=1`` forces it.
 - :func:`cpu_vector_kernels`: generation of one row for at least ``VECTOR_KERNEL_MIN_TOKENS``
-  new tokens copies the narrowing linear kernels (more inputs than outputs: the second
-  feed-forward matrix) once, before the loop, as ``(out, in)``, and each step multiplies them by
-  its one hidden vector as they lie: XLA:CPU streams such a matrix-vector product about 1.4x
-  faster in that layout than in the ``(in, out)`` one the parameters keep (an AVX-512 EPYC;
-  widening and square ones gain little or lose). The copy is paid once per call, with the
-  kernels' memory once more for the call, hence the minimum. On by default on the CPU backend,
-  off elsewhere and under a device mesh; ``JAXFORMER_CPU_VECTOR_KERNELS=0`` turns it off, ``=1``
-  forces it (the minimum still holds).
+  new tokens copies some weights once, before the loop, into the layout XLA:CPU streams a
+  matrix-vector product fastest from, and each step multiplies by the copies: the narrowing
+  linear kernels (more inputs than outputs: the second feed-forward matrix) as ``(out, in)``,
+  about 1.5x faster than the ``(in, out)`` the parameters keep, and self-attention's query, key
+  and value kernels as one ``(3C, C)`` matrix (GPT-2's widths: 1.4x faster than three ``(C,
+  C)`` products as stored); widening kernels stay as they are (an AVX-512 EPYC: no gain, or a
+  loss). The copies are made once per call and hold memory for it, hence the minimum. On by
+  default on the CPU backend, off elsewhere and under a device mesh;
+  ``JAXFORMER_CPU_VECTOR_KERNELS=0`` turns it off, ``=1`` forces it (the minimum still holds).
 - :func:`tune_allocator`: glibc's ``malloc`` gives every large block back to the kernel on
   ``free`` and takes it again on the next ``malloc`` (XLA:CPU frees tens to hundreds of MB of
   scratch per call: thousands of page faults per step). ``mallopt`` makes it keep them. A thread
@@ -126,7 +127,7 @@ VECTOR_KERNEL_MIN_TOKENS = 32
 
 def cpu_vector_kernels() -> bool:
     """Whether generating one row for at least ``VECTOR_KERNEL_MIN_TOKENS`` tokens multiplies by
-    ``(out, in)`` copies of the narrowing linear kernels (``nn.params.vector_kernels``)."""
+    copies of weights in a faster layout (``jaxformer.nn.params.vector_kernels``)."""
     return _cpu_rule("JAXFORMER_CPU_VECTOR_KERNELS")
 
 

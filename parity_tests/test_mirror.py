@@ -132,6 +132,8 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
             "torch's SDPA chooses among its kernels itself",
         (JAX, "function mask_pattern"):
             "which of cuDNN's mask types a mask is (cudnn_attention's choice)",
+        (JAX, "MultiHeadAttention.vector_copies()"):
+            "one (3C, C) q/k/v matrix for XLA:CPU's one-row products (params.vector_kernels)",
     },
     "training/checkpoint.py": {
         (JAX, "name COMMIT_MARKER"):

@@ -22,8 +22,8 @@ from jaxformer.nn import params
 
 
 def _vector_steps(model, rows: int, options) -> None:
-    """One row for many steps on the CPU: the loop's narrowing products by ``(out, in)`` kernel
-    copies (``runtime.cpu_vector_kernels``); the prefill and the encoder keep the stored ones."""
+    """One row for many steps on the CPU: the loop multiplies by copies of weights in a faster
+    layout (``runtime.cpu_vector_kernels``); the prefill and the encoder keep the stored ones."""
     if (rows * options.num_beams == 1 and options.max_new_tokens >= runtime.VECTOR_KERNEL_MIN_TOKENS
             and runtime.cpu_vector_kernels()):
         params.vector_kernels(model)
