@@ -121,6 +121,8 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
             "ids outside the table read NaN under jit, where JAX cannot raise; torch raises itself",
         (JAX, "function vector_kernels"):
             "(out, in) kernel copies for XLA:CPU's matrix-vector products; torch's are stored so",
+        (JAX, "function vector_product"):
+            "the product by an (out, in) copy that vector_kernels makes; torch's are stored so",
         (TORCH, "function init_weights"):
             "torch layers come with torch's own initialisers: one pass replaces them afterwards",
     },

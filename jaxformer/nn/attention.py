@@ -19,7 +19,7 @@ from flax import nnx
 
 from jaxformer import runtime
 from jaxformer.nn.cache import LayerCache
-from jaxformer.nn.params import linear
+from jaxformer.nn.params import linear, vector_product
 from jaxformer.numerics import MASK_VALUE
 
 
@@ -236,24 +236,20 @@ class MultiHeadAttention(nnx.Module):
     def _vector_projections(self, x):
         """``(queries (B, T, nh, hs), LayerCache of heads-first keys and values)`` by the one
         ``(3C, C)`` copy of ``vector_copies``."""
-        B, T, _ = x.shape
-        x, kernel, bias = self.query.promote_dtype((x, self._qkv_kernel, self._qkv_bias),
-                                                   dtype=self.query.dtype)
-        qkv = jnp.einsum("oi,...i->...o", kernel, x)
-        if bias is not None:
-            qkv = qkv + bias
-        q, k, v = (t.reshape(B, T, self.num_heads, self.head_dim)
-                   for t in jnp.split(qkv, 3, axis=-1))
+        qkv = vector_product(*self.query.promote_dtype((x, self._qkv_kernel, self._qkv_bias),
+                                                       dtype=self.query.dtype))
+        q, k, v = (self._heads(t) for t in jnp.split(qkv, 3, axis=-1))
         return q, LayerCache(key=k.transpose(0, 2, 1, 3), value=v.transpose(0, 2, 1, 3))
+
+    def _heads(self, x):
+        """``(B, T, C)`` -> ``(B, T, nh, hs)``."""
+        return x.reshape(*x.shape[:2], self.num_heads, self.head_dim)
 
     def key_value(self, context) -> LayerCache:
         """``(B, S, C)`` -> a ``LayerCache`` of keys and values, each heads-first
         ``(B, nh, S, hs)``."""
-        B, S, _ = context.shape
-
         def heads(projection):
-            return projection(context).reshape(B, S, self.num_heads,
-                                               self.head_dim).transpose(0, 2, 1, 3)
+            return self._heads(projection(context)).transpose(0, 2, 1, 3)
 
         return LayerCache(key=heads(self.key), value=heads(self.value))
 
@@ -264,12 +260,10 @@ class MultiHeadAttention(nnx.Module):
         if one_product:
             q, new = self._vector_projections(hidden_states)
         else:
-            q = self.query(hidden_states).reshape(B, T, self.num_heads, self.head_dim)
+            q = self._heads(self.query(hidden_states))
         if cache is None:
             context = hidden_states if context is None else context
-            S = context.shape[1]
-            k = self.key(context).reshape(B, S, self.num_heads, self.head_dim)
-            v = self.value(context).reshape(B, S, self.num_heads, self.head_dim)
+            k, v = self._heads(self.key(context)), self._heads(self.value(context))
             y = attention(q, k, v, mask, self.attention_dropout, self.implementation)
             return self.output(y.reshape(B, T, C))  # y: (B, T, nh, hs)
         if context is not None:

@@ -75,21 +75,25 @@ class _Linear(nnx.Linear):
     def __call__(self, inputs, out_sharding=None):
         explicit = (out_sharding is not None or self.preferred_element_type is not None
                     or self.precision is not None)
-        if self._vector_kernel is not None and not explicit:
-            bias = self.bias[...] if self.bias is not None else None
-            inputs, kernel, bias = self.promote_dtype((inputs, self._vector_kernel, bias),
-                                                      dtype=self.dtype)
-            y = jnp.einsum("oi,...i->...o", kernel, inputs)
-            return y + bias if bias is not None else y
-        if explicit or not runtime.cpu_weight_gradients():
+        copied = self._vector_kernel is not None
+        if explicit or not (copied or runtime.cpu_weight_gradients()):
             return super().__call__(inputs, out_sharding=out_sharding)
-        kernel = self.kernel[...]
+        kernel = self._vector_kernel if copied else self.kernel[...]
         bias = self.bias[...] if self.bias is not None else None
         inputs, kernel, bias = self.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
+        if copied:
+            return vector_product(inputs, kernel, bias)
         y = _matmul_cpu(inputs, kernel)
         if bias is not None:
             y += jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
         return y
+
+
+def vector_product(x, kernel, bias=None):
+    """``x @ kernel.T + bias`` for an ``(out, in)`` kernel copy (``vector_kernels``), the copy
+    read as it lies."""
+    y = jnp.einsum("oi,...i->...o", kernel, x)
+    return y + bias if bias is not None else y
 
 
 def vector_kernels(model: nnx.Module) -> None:
