@@ -14,14 +14,16 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   backend, off elsewhere and under a device mesh; ``JAXFORMER_CPU_VECTOR_HEAD=0`` turns it off,
   ``=1`` forces it.
 - :func:`cpu_vector_kernels`: generation of one row for at least ``VECTOR_KERNEL_MIN_TOKENS``
-  new tokens copies some weights once, before the loop, into the layout XLA:CPU streams a
-  matrix-vector product fastest from, and each step multiplies by the copies: the narrowing
+  new tokens multiplies, in each step, by copies of some weights in the layout XLA:CPU streams a
+  matrix-vector product fastest from, made once per model and kept with it while its weights
+  stay the same (``jaxformer.nn.params.kept_vector_kernels``): the narrowing
   linear kernels (more inputs than outputs: the second feed-forward matrix) as ``(out, in)``,
   about 1.5x faster than the ``(in, out)`` the parameters keep, and self-attention's query, key
   and value kernels as one ``(3C, C)`` matrix (GPT-2's widths: 1.4x faster than three ``(C,
   C)`` products as stored); widening kernels stay as they are (an AVX-512 EPYC: no gain, or a
-  loss). The copies are made once per call and hold memory for it, hence the minimum. On by
-  default on the CPU backend, off elsewhere and under a device mesh;
+  loss). The copies hold memory while the model lives (GPT-2 small: 198 MB), and the first call
+  pays for making them, hence the minimum. On by default on the CPU backend, off elsewhere and
+  under a device mesh; read when ``generate`` is called;
   ``JAXFORMER_CPU_VECTOR_KERNELS=0`` turns it off, ``=1`` forces it (the minimum still holds).
 - :func:`tune_allocator`: glibc's ``malloc`` gives every large block back to the kernel on
   ``free`` and takes it again on the next ``malloc`` (XLA:CPU frees tens to hundreds of MB of

@@ -123,6 +123,10 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
             "(out, in) kernel copies for XLA:CPU's matrix-vector products; torch's are stored so",
         (JAX, "function vector_product"):
             "the product by an (out, in) copy that vector_kernels makes; torch's are stored so",
+        (JAX, "function use_vector_kernels"):
+            "hands vector_kernels' copies to the modules of a model merged inside generation",
+        (JAX, "function kept_vector_kernels"):
+            "vector_kernels made once per model and kept while its weights stay the same",
         (TORCH, "function init_weights"):
             "torch layers come with torch's own initialisers: one pass replaces them afterwards",
     },

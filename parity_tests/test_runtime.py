@@ -285,7 +285,7 @@ def test_a_narrowing_linear_layer_multiplies_by_its_vector_kernel_as_it_lies(inp
     stored kernel does. A widening or square layer keeps its kernel (no faster there)."""
     from flax import nnx
 
-    from jaxformer.nn.params import linear, vector_kernels
+    from jaxformer.nn.params import linear, use_vector_kernels, vector_kernels
 
     config = GPTConfig.tiny()
     layer = linear(37, 32, config, names=("mlp", "embed"), rngs=nnx.Rngs(0))
@@ -303,7 +303,7 @@ def test_a_narrowing_linear_layer_multiplies_by_its_vector_kernel_as_it_lies(inp
 
     stored, stored_matrix = output_and_matrix(layer, x)
     for module in [layer, *others]:
-        vector_kernels(module)
+        use_vector_kernels(module, vector_kernels(module))
     copied, copied_matrix = output_and_matrix(layer, x)
     assert stored_matrix == [(37, 32)]
     assert copied_matrix == [(32, 37)]
@@ -326,6 +326,7 @@ def test_cached_self_attention_projects_one_row_by_one_matrix():
     cross-attention and uncached calls keep the stored kernels."""
     from flax import nnx
 
+    from jaxformer.nn import params
     from jaxformer.nn.attention import MultiHeadAttention
     from jaxformer.nn.cache import LayerCache
 
@@ -351,7 +352,7 @@ def test_cached_self_attention_projects_one_row_by_one_matrix():
 
     stored, stored_cache = cached(x)
     assert matrices(cached, x) == [(C, C)]  # four products by (C, C) kernels
-    attention.vector_copies()
+    params.use_vector_kernels(attention, params.vector_kernels(attention))
     assert attention._qkv_kernel.shape == (3 * C, C)
     one, one_cache = cached(x)
     assert matrices(cached, x) == [(C, C), (3 * C, C)]  # the output's kernel, and the copy
@@ -366,13 +367,14 @@ def test_cached_self_attention_projects_one_row_by_one_matrix():
     assert matrices(lambda v: attention(v), x) == [(C, C)]
 
 
-def _spy_vector_kernels(monkeypatch) -> list:
-    """The models ``params.vector_kernels`` is called on from now on (it still does its work)."""
+def _spy_kept_copies(monkeypatch) -> list:
+    """The copies ``params.kept_vector_kernels`` returns from now on (it still does its work)."""
     from jaxformer.nn import params
 
     calls = []
-    real = params.vector_kernels
-    monkeypatch.setattr(params, "vector_kernels", lambda m: calls.append(m) or real(m))
+    real = params.kept_vector_kernels
+    monkeypatch.setattr(params, "kept_vector_kernels",
+                        lambda *a: calls.append(real(*a)) or calls[-1])
     return calls
 
 
@@ -388,7 +390,7 @@ def test_vector_kernels_serve_long_single_row_generation_only(monkeypatch):
     from jaxformer.models.gpt import GPT
 
     model = GPT(GPTConfig.tiny(), rngs=nnx.Rngs(0))
-    calls = _spy_vector_kernels(monkeypatch)
+    graphdef, state = nnx.split(model)
     new = runtime.VECTOR_KERNEL_MIN_TOKENS
 
     def applied(switch, rows=1, **kwargs):
@@ -398,9 +400,7 @@ def test_vector_kernels_serve_long_single_row_generation_only(monkeypatch):
             monkeypatch.setenv("JAXFORMER_CPU_VECTOR_KERNELS", switch)
         kwargs = dict(dict(max_new_tokens=new), **kwargs)
         options, _ = checks.check_generate(vocab_size=29, **kwargs)
-        calls.clear()
-        decoding._vector_steps(model, rows, options)
-        return bool(calls)
+        return bool(decoding._vector_steps(model, graphdef, state, rows, options))
 
     assert applied(None) == (jax.default_backend() == "cpu")
     assert applied("1")
@@ -411,14 +411,9 @@ def test_vector_kernels_serve_long_single_row_generation_only(monkeypatch):
     assert not applied("1", num_beams=2)
 
 
-@pytest.mark.parametrize("family", ["gpt", "seq2seq"])
-def test_generation_with_vector_kernels_gives_the_stored_kernels_tokens(family, monkeypatch):
-    """The same tokens with the loop's ``(out, in)`` kernel copies as with the stored kernels
-    (the same products and sums; the switch is read when the program is traced, so each call
-    here traces afresh)."""
+def _generation_model(family):
     from flax import nnx
 
-    from jaxformer.generation import generate
     from jaxformer.models.encoder_decoder import Transformer
     from jaxformer.models.gpt import GPT
 
@@ -428,15 +423,83 @@ def test_generation_with_vector_kernels_gives_the_stored_kernels_tokens(family, 
         model = Transformer(TransformerConfig.tiny(), rngs=nnx.Rngs(4))
         extra = dict(decoder_start_token_id=1)
     model.eval()
+    return model, extra
+
+
+@pytest.mark.parametrize("family", ["gpt", "seq2seq"])
+def test_generation_with_vector_kernels_gives_the_stored_kernels_tokens(family, monkeypatch):
+    """The same tokens with the loop's kernel copies as with the stored kernels (the same
+    products and sums). The copies are the steps' modules' only: the decoder's self-attention
+    and narrowing layers, never the encoder's (it runs once, before the loop) nor a
+    cross-attention's query, key and value (it reads its cached context)."""
+    from jaxformer.generation import generate
+
+    model, extra = _generation_model(family)
     ids = np.random.RandomState(5).randint(3, 20, (1, 6)).astype(np.int32)
-    calls = _spy_vector_kernels(monkeypatch)
+    kept = _spy_kept_copies(monkeypatch)
     tokens = {}
     for switch in ("0", "1"):
         monkeypatch.setenv("JAXFORMER_CPU_VECTOR_KERNELS", switch)
-        jax.clear_caches()
-        calls.clear()
+        kept.clear()
         new = runtime.VECTOR_KERNEL_MIN_TOKENS
         tokens[switch] = np.asarray(generate(model, ids, max_new_tokens=new, **extra))
-        assert bool(calls) == (switch == "1")
+        assert len(kept) == (switch == "1")
     assert tokens["1"].shape[1] > runtime.VECTOR_KERNEL_MIN_TOKENS
     np.testing.assert_array_equal(tokens["1"], tokens["0"])
+    layers = (model.config.num_layers if family == "gpt"
+              else model.config.num_decoder_layers)
+    attentions = sorted(path for path, made in kept[0].items() if "_qkv_kernel" in made)
+    narrowing = sorted(path for path, made in kept[0].items() if "_vector_kernel" in made)
+    assert len(attentions) == layers
+    assert len([path for path in narrowing if path.endswith("feed_forward/fc2")]) == layers
+    assert all(path.endswith("attention") for path in attentions)
+    if family == "seq2seq":  # the tiny config's untied head (32 -> 24) narrows: it has a copy
+        assert not any(path.startswith("encoder/") for path in attentions + narrowing)
+        assert all(path.endswith("/self_attention") for path in attentions)
+
+
+@pytest.mark.parametrize("family", ["gpt", "seq2seq"])
+def test_kernel_copies_are_kept_with_the_model_until_its_weights_change(family, monkeypatch):
+    """``params.kept_vector_kernels``: a model's second ``generate`` call reuses the copies of
+    its first; new weights (here the narrowing kernels replaced) get new copies, and the tokens
+    those weights give without copies; the copies go with the model."""
+    import gc
+
+    from jaxformer.generation import generate
+    from jaxformer.nn import params
+
+    monkeypatch.setenv("JAXFORMER_CPU_VECTOR_KERNELS", "1")
+    model, extra = _generation_model(family)
+    ids = np.random.RandomState(6).randint(3, 20, (1, 5)).astype(np.int32)
+    new = runtime.VECTOR_KERNEL_MIN_TOKENS
+    made = []
+    real = params._make_vector_kernels
+    monkeypatch.setattr(params, "_make_vector_kernels",
+                        lambda *a: made.append(real(*a)) or made[-1])
+    first = np.asarray(generate(model, ids, max_new_tokens=new, **extra))
+    np.testing.assert_array_equal(np.asarray(generate(model, ids, max_new_tokens=new, **extra)),
+                                  first)
+    assert len(made) == 1
+
+    stack = model.blocks if family == "gpt" else model.decoder.layers
+    for layer in stack:
+        fc2 = layer.feed_forward.fc2
+        assert fc2.kernel[...].shape[0] > fc2.kernel[...].shape[1]  # narrowing: it has a copy
+        fc2.kernel[...] = fc2.kernel[...][::-1] * 30.0
+    fc2 = stack[0].feed_forward.fc2
+    changed = np.asarray(generate(model, ids, max_new_tokens=new, **extra))
+    assert len(made) == 2
+    (path,) = [p for p, m in made[1].items() if m.get("_vector_kernel") is not None
+               and p.endswith("0/feed_forward/fc2")]
+    np.testing.assert_array_equal(np.asarray(made[1][path]["_vector_kernel"]),
+                                  np.asarray(fc2.kernel[...]).T)
+    monkeypatch.setenv("JAXFORMER_CPU_VECTOR_KERNELS", "0")
+    np.testing.assert_array_equal(np.asarray(generate(model, ids, max_new_tokens=new, **extra)),
+                                  changed)
+    assert not np.array_equal(changed, first)  # the new weights do change the tokens
+
+    assert len(params._KEPT) >= 1
+    kept = len(params._KEPT)
+    del model, stack, layer, fc2
+    gc.collect()
+    assert len(params._KEPT) == kept - 1

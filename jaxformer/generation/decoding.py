@@ -21,12 +21,14 @@ from jaxformer.models.gpt import GPT
 from jaxformer.nn import params
 
 
-def _vector_steps(model, rows: int, options) -> None:
-    """One row for many steps on the CPU: the loop multiplies by copies of weights in a faster
-    layout (``runtime.cpu_vector_kernels``); the prefill and the encoder keep the stored ones."""
+def _vector_steps(model, graphdef, state, rows: int, options) -> dict:
+    """One row for many steps on the CPU (``runtime.cpu_vector_kernels``): copies of weights in
+    a faster layout, kept with the model (``params.kept_vector_kernels``), which the loop
+    multiplies by; the prefill and the encoder keep the stored ones. ``{}`` otherwise."""
     if (rows * options.num_beams == 1 and options.max_new_tokens >= runtime.VECTOR_KERNEL_MIN_TOKENS
             and runtime.cpu_vector_kernels()):
-        params.vector_kernels(model)
+        return params.kept_vector_kernels(model, graphdef, state)
+    return {}
 
 
 def _search(step_fn, logits, cache, prompt, options, values, stream_id):
@@ -36,14 +38,15 @@ def _search(step_fn, logits, cache, prompt, options, values, stream_id):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "options"))
-def _generate_gpt(graphdef, state, input_ids, attention_mask, values, stream_id, *, options):
+def _generate_gpt(graphdef, state, copies, input_ids, attention_mask, values, stream_id, *,
+                  options):
     model = nnx.merge(graphdef, state)
     B, P = input_ids.shape
     cache = model.init_cache(B, P + options.max_new_tokens)
     hidden, cache = model.hidden_states(input_ids, attention_mask, cache=cache)
     last = P - 1 - jnp.argmax(attention_mask[:, ::-1], axis=-1)  # each row's last real token
     logits = model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0])
-    _vector_steps(model, B, options)
+    params.use_vector_kernels(model, copies)
 
     def step_fn(tokens, cache):
         hidden, cache = model.hidden_states(tokens[:, None], None, cache=cache)
@@ -53,15 +56,15 @@ def _generate_gpt(graphdef, state, input_ids, attention_mask, values, stream_id,
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "options"))
-def _generate_seq2seq(graphdef, state, src_ids, src_mask, decoder_start_token_id, values,
-                      stream_id, *, options):
+def _generate_seq2seq(graphdef, state, copies, src_ids, src_mask, decoder_start_token_id,
+                      values, stream_id, *, options):
     model = nnx.merge(graphdef, state)
     B = src_ids.shape[0]
     memory = model.encode(src_ids, src_mask)
     cache = model.init_cache(memory, 1 + options.max_new_tokens, src_mask)
     start = jnp.full((B, 1), decoder_start_token_id, jnp.int32)
     logits, cache = model.decode(start, None, tgt_mask=jnp.ones((B, 1), bool), cache=cache)
-    _vector_steps(model, B, options)
+    params.use_vector_kernels(model, copies)
 
     def step_fn(tokens, cache):
         ones = jnp.ones((tokens.shape[0], 1), bool)  # generated tokens always count
@@ -131,19 +134,20 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens=None, do_s
                                              attention_mask, locals())
     graphdef, state = nnx.split(model)
     ids = jnp.asarray(np.asarray(input_ids), jnp.int32)
+    copies = _vector_steps(model, graphdef, state, ids.shape[0], options)
     values = {name: jnp.asarray(value) for name, value in values.as_dict().items()}
     stream_id = search._register(streamer) if streamer is not None else 0
     try:
         if isinstance(model, GPT):
             mask = (jnp.ones(ids.shape, bool) if attention_mask is None
                     else jnp.asarray(np.asarray(attention_mask)).astype(bool))
-            sequences, length = _generate_gpt(graphdef, state, ids, mask, values, stream_id,
-                                              options=options)
+            sequences, length = _generate_gpt(graphdef, state, copies, ids, mask, values,
+                                              stream_id, options=options)
         else:
             mask = (ids != config.src_pad_id if attention_mask is None
                     else jnp.asarray(np.asarray(attention_mask)).astype(bool))
             sequences, length = _generate_seq2seq(
-                graphdef, state, ids, mask, jnp.int32(decoder_start_token_id), values,
+                graphdef, state, copies, ids, mask, jnp.int32(decoder_start_token_id), values,
                 stream_id, options=options)
         return sequences[:, :int(length)]
     finally:

@@ -95,10 +95,22 @@ def gumbel(u):
     return -jnp.log(-jnp.log(u))
 
 
+def greedy(scores):
+    """The best token per row, ``argmax`` over the last axis: the first index of the largest
+    score (of the first NaN, if any, as ``jnp.argmax``), int32. Written as two plain reductions
+    (the maximum, then the first index holding it): XLA:CPU runs ``argmax``'s one reduction of
+    (value, index) pairs element by element, ~2.6x slower over GPT-2's 50,257 scores, a
+    measurable share of a batch-1 decoding step (docs/performance.md)."""
+    best = jnp.max(scores, axis=-1, keepdims=True)
+    hits = (scores == best) | jnp.isnan(scores)
+    index = jnp.arange(scores.shape[-1], dtype=jnp.int32)
+    return jnp.min(jnp.where(hits, index, scores.shape[-1]), axis=-1)
+
+
 def sample(scores, u):
     """One token per row drawn from ``softmax(scores)`` with the uniforms ``u`` (same shape): the
-    Gumbel-max trick, ``argmax(scores + gumbel(u))``. A ``-inf`` score is never drawn."""
-    return jnp.argmax(scores + gumbel(u), axis=-1).astype(jnp.int32)
+    Gumbel-max trick, ``greedy(scores + gumbel(u))``. A ``-inf`` score is never drawn."""
+    return greedy(scores + gumbel(u))
 
 
 def sample_without_replacement(scores, u, k: int):

@@ -91,7 +91,7 @@ def greedy(step_fn, logits, cache, prompt, options: checks.Options, values, stre
             scores = processors.process(scores, options, values)
             tokens = processors.sample(scores, processors.uniforms(values["seed"], step, B, V))
         else:
-            tokens = jnp.argmax(scores, axis=-1).astype(jnp.int32)
+            tokens = processors.greedy(scores)
         if eos is not None:
             tokens = jnp.where(unfinished, tokens, pad)
             unfinished = unfinished & ~jnp.isin(tokens, eos)

@@ -107,6 +107,8 @@ class DecoderLayer(nnx.Module):
     ``torch.nn.TransformerDecoderLayer``. The memory itself is not normalised here.
     """
 
+    _no_vector_steps = ("cross_attention",)  # it reads its cached context: no q/k/v product
+
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.self_attention = MultiHeadAttention(config, rngs=rngs)
         self.self_attention_norm = layer_norm(config, rngs=rngs)
@@ -208,6 +210,8 @@ class Transformer(nnx.Module):
     ``decode(tgt_ids, None, cache=cache)`` then runs only the new target tokens (positions continue
     from the cache's index) and returns ``(logits, new cache)``.
     """
+
+    _no_vector_steps = ("encoder",)  # it runs once per generate call, before the steps
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config

@@ -217,21 +217,21 @@ class MultiHeadAttention(nnx.Module):
         self.attention_dropout = nnx.Dropout(config.attention_dropout_rate, rngs=rngs)
         self.implementation = config.attention_implementation
 
-    # set on a model merged inside a traced program (vector_copies)
+    # set by params.use_vector_kernels
     _qkv_kernel: jax.Array | None = None
     _qkv_bias: jax.Array | None = None
 
-    def vector_copies(self) -> None:
+    def vector_copies(self) -> dict[str, jax.Array]:
         """The query, key and value kernels as one ``(3C, C)`` matrix (and their biases as one
         vector) for cached self-attention over one row (``params.vector_kernels``): XLA:CPU
         streams that product faster than three ``(C, C)`` ones as stored. 2-D kernels only."""
         projections = (self.query, self.key, self.value)
         kernels = [p.kernel[...] for p in projections]
         if any(k.ndim != 2 for k in kernels):
-            return
+            return {}
         biases = [p.bias[...] for p in projections if p.bias is not None]
-        self._qkv_kernel = jnp.concatenate([k.T for k in kernels])
-        self._qkv_bias = jnp.concatenate(biases) if len(biases) == 3 else None
+        return {"_qkv_kernel": jnp.concatenate([k.T for k in kernels]),
+                "_qkv_bias": jnp.concatenate(biases) if len(biases) == 3 else None}
 
     def _vector_projections(self, x):
         """``(queries (B, T, nh, hs), LayerCache of heads-first keys and values)`` by the one

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -62,15 +63,16 @@ class _Linear(nnx.Linear):
     time: on the CPU backend, without a device mesh. A layer given an ``(out, in)`` copy of
     its kernel by ``vector_kernels`` multiplies by that copy instead."""
 
-    _vector_kernel: jax.Array | None = None  # set on a model merged inside a traced program
+    _vector_kernel: jax.Array | None = None  # set by use_vector_kernels
 
-    def vector_copies(self) -> None:
+    def vector_copies(self) -> dict[str, jax.Array]:
         """A narrowing layer's (more inputs than outputs: the second feed-forward matrix) kernel
         copied as ``(out, in)`` (``vector_kernels``); 2-D kernels only, a scanned stack's are
         left as they are."""
         kernel = self.kernel[...]
         if kernel.ndim == 2 and kernel.shape[0] > kernel.shape[1]:
-            self._vector_kernel = kernel.T
+            return {"_vector_kernel": kernel.T}
+        return {}
 
     def __call__(self, inputs, out_sharding=None):
         explicit = (out_sharding is not None or self.preferred_element_type is not None
@@ -96,19 +98,56 @@ def vector_product(x, kernel, bias=None):
     return y + bias if bias is not None else y
 
 
-def vector_kernels(model: nnx.Module) -> None:
+def vector_kernels(model: nnx.Module) -> dict[str, dict[str, jax.Array]]:
     """Copies of weights for products of one row (batch-1 decoding on the CPU,
-    ``runtime.cpu_vector_kernels``): every module of ``model`` with a ``vector_copies`` method
-    makes its copies, which its calls then multiply by as they lie: a narrowing linear layer its
-    kernel as ``(out, in)`` (``_Linear.vector_copies``), self-attention its query, key and value
-    kernels as one ``(3C, C)`` matrix (``attention.MultiHeadAttention.vector_copies``). XLA:CPU
-    streams those matrix-vector products faster (docs/performance.md). The same products and
-    sums. For a model merged inside a traced function (generation calls it before its loop): the
-    copies are values of that program, made once per call."""
-    for _, module in nnx.iter_graph(model):
+    ``runtime.cpu_vector_kernels``), ``{module path: {attribute: copy}}``: every module of
+    ``model`` with a ``vector_copies`` method makes its own, a narrowing linear layer its kernel as
+    ``(out, in)`` (``_Linear.vector_copies``), self-attention its query, key and value kernels as
+    one ``(3C, C)`` matrix (``attention.MultiHeadAttention.vector_copies``). XLA:CPU streams
+    those matrix-vector products faster (docs/performance.md). The same products and sums, once
+    :func:`use_vector_kernels` hands the copies to the modules. A module whose class lists children in ``_no_vector_steps`` (an encoder run once per call, a
+    cross-attention that reads its cached context) leaves their modules without copies."""
+    graph = list(nnx.iter_graph(model))
+    skipped = [path + (name,) for path, module in graph
+               for name in getattr(module, "_no_vector_steps", ())]
+    copies = {}
+    for path, module in graph:
         make = getattr(module, "vector_copies", None)
-        if callable(make):
-            make()
+        if callable(make) and not any(path[:len(s)] == s for s in skipped) and (made := make()):
+            copies["/".join(map(str, path))] = made
+    return copies
+
+
+def use_vector_kernels(model: nnx.Module, copies: dict[str, dict[str, jax.Array]]) -> None:
+    """Give each module of ``model`` (merged inside a traced function: generation does it after
+    its prefill) the copies :func:`vector_kernels` made for it; its calls multiply by them."""
+    for path, module in nnx.iter_graph(model):
+        for name, value in copies.get("/".join(map(str, path)), {}).items():
+            setattr(module, name, value)
+
+
+@functools.partial(jax.jit, static_argnames="graphdef")
+def _make_vector_kernels(graphdef, state):
+    return vector_kernels(nnx.merge(graphdef, state))
+
+
+# model -> (weak references to the state's arrays the copies were made from, the copies)
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def kept_vector_kernels(model: nnx.Module, graphdef, state) -> dict[str, dict[str, jax.Array]]:
+    """:func:`vector_kernels` of ``model`` (split as ``graphdef, state``), made once and kept with
+    the model for as long as it lives, until its state holds other arrays (new weights: trained,
+    loaded or replaced, which makes new arrays), when they are made again. GPT-2 small's: 198 MB.
+    Decoding takes its copies here, so only a model's first ``generate`` call pays for them."""
+    leaves = jax.tree.leaves(state)
+    kept = _KEPT.get(model)
+    if kept is not None and len(kept[0]) == len(leaves) and all(
+            ref() is leaf for ref, leaf in zip(kept[0], leaves)):
+        return kept[1]
+    copies = _make_vector_kernels(graphdef, state)
+    _KEPT[model] = ([weakref.ref(leaf) for leaf in leaves], copies)
+    return copies
 
 
 def linear(in_features: int, out_features: int, config, *, names: tuple[str, str],

@@ -116,6 +116,29 @@ def test_sampler_on_external_uniforms_draws_identical_tokens():
     assert all(len(set(row)) == 5 for row in jax_k)
 
 
+def test_greedy_picks_argmax_first_index_in_both_twins():
+    """``processors.greedy`` (two plain reductions in jaxformer) is ``argmax``: the first index of
+    the largest score on ties, of the first NaN when a row has one, index 0 of an all ``-inf``
+    row; jitted too, and for any leading shape. The same tokens as torch's ``argmax``."""
+    import jax
+
+    rng = np.random.RandomState(2)
+    scores = rng.randn(3, 8, V).astype(np.float32)
+    scores[0, 1, [5, 17, 40]] = 9.0  # a tie: the first index
+    scores[0, 2, [3, 30]] = np.nan  # NaN wins, the first one
+    scores[0, 3] = -np.inf
+    scores[0, 4, -1] = np.inf
+    scores[0, 5] = 1.0  # all equal
+    expected = np.argmax(scores, axis=-1)
+    assert list(expected[0, 1:6]) == [5, 3, 0, V - 1, 0]
+    for fn in (jproc.greedy, jax.jit(jproc.greedy)):
+        out = np.asarray(fn(jnp.asarray(scores)))
+        assert out.dtype == np.int32
+        np.testing.assert_array_equal(out, expected)
+        np.testing.assert_array_equal(np.asarray(fn(jnp.asarray(scores[0, 1]))), expected[0, 1])
+    np.testing.assert_array_equal(tproc.greedy(torch.tensor(scores)).numpy(), expected)
+
+
 def test_sampler_follows_the_processed_distribution():
     """20000 draws from one processed row: a chi-square test against softmax(processed)."""
     scores = np.array([[2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -1.5]], np.float32)

@@ -76,8 +76,12 @@ def gumbel(u):
     return -torch.log(-torch.log(u))
 
 
+def greedy(scores):
+    return torch.argmax(scores, dim=-1)
+
+
 def sample(scores, u):
-    return torch.argmax(scores + gumbel(u), dim=-1)
+    return greedy(scores + gumbel(u))
 
 
 def sample_without_replacement(scores, u, k: int):

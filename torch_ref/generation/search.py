@@ -58,7 +58,7 @@ def greedy(step_fn, logits, cache, prompt, options: checks.Options, values, stre
             u = processors.uniforms(values["seed"], step, B, V, device=scores.device)
             tokens = processors.sample(scores, u)
         else:
-            tokens = torch.argmax(scores, dim=-1)
+            tokens = processors.greedy(scores)
         if eos is not None:
             tokens = torch.where(unfinished, tokens, pad)
             unfinished = unfinished & ~torch.isin(tokens, eos)
