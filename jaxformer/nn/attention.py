@@ -221,7 +221,7 @@ class MultiHeadAttention(nnx.Module):
     _qkv_kernel: jax.Array | None = None
     _qkv_bias: jax.Array | None = None
 
-    def vector_copies(self) -> dict[str, jax.Array]:
+    def vector_copies(self) -> dict[str, jax.Array | None]:
         """The query, key and value kernels as one ``(3C, C)`` matrix (and their biases as one
         vector) for cached self-attention over one row (``params.vector_kernels``): XLA:CPU
         streams that product faster than three ``(C, C)`` ones as stored. 2-D kernels only."""

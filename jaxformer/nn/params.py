@@ -98,27 +98,28 @@ def vector_product(x, kernel, bias=None):
     return y + bias if bias is not None else y
 
 
-def vector_kernels(model: nnx.Module) -> dict[str, dict[str, jax.Array]]:
+def vector_kernels(model: nnx.Module) -> dict[str, dict[str, jax.Array | None]]:
     """Copies of weights for products of one row (batch-1 decoding on the CPU,
     ``runtime.cpu_vector_kernels``), ``{module path: {attribute: copy}}``: every module of
     ``model`` with a ``vector_copies`` method makes its own, a narrowing linear layer its kernel as
     ``(out, in)`` (``_Linear.vector_copies``), self-attention its query, key and value kernels as
     one ``(3C, C)`` matrix (``attention.MultiHeadAttention.vector_copies``). XLA:CPU streams
     those matrix-vector products faster (docs/performance.md). The same products and sums, once
-    :func:`use_vector_kernels` hands the copies to the modules. A module whose class lists children in ``_no_vector_steps`` (an encoder run once per call, a
-    cross-attention that reads its cached context) leaves their modules without copies."""
+    :func:`use_vector_kernels` hands the copies to the modules. A module whose class lists
+    children in ``_no_vector_steps`` (an encoder run once per call, a cross-attention that reads
+    its cached context) leaves their modules without copies."""
     graph = list(nnx.iter_graph(model))
     skipped = [path + (name,) for path, module in graph
                for name in getattr(module, "_no_vector_steps", ())]
     copies = {}
     for path, module in graph:
         make = getattr(module, "vector_copies", None)
-        if callable(make) and not any(path[:len(s)] == s for s in skipped) and (made := make()):
+        if callable(make) and not any(path[:len(p)] == p for p in skipped) and (made := make()):
             copies["/".join(map(str, path))] = made
     return copies
 
 
-def use_vector_kernels(model: nnx.Module, copies: dict[str, dict[str, jax.Array]]) -> None:
+def use_vector_kernels(model: nnx.Module, copies: dict[str, dict[str, jax.Array | None]]) -> None:
     """Give each module of ``model`` (merged inside a traced function: generation does it after
     its prefill) the copies :func:`vector_kernels` made for it; its calls multiply by them."""
     for path, module in nnx.iter_graph(model):
@@ -135,7 +136,8 @@ def _make_vector_kernels(graphdef, state):
 _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def kept_vector_kernels(model: nnx.Module, graphdef, state) -> dict[str, dict[str, jax.Array]]:
+def kept_vector_kernels(model: nnx.Module, graphdef,
+                        state) -> dict[str, dict[str, jax.Array | None]]:
     """:func:`vector_kernels` of ``model`` (split as ``graphdef, state``), made once and kept with
     the model for as long as it lives, until its state holds other arrays (new weights: trained,
     loaded or replaced, which makes new arrays), when they are made again. GPT-2 small's: 198 MB.
