@@ -21,10 +21,11 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   about 1.5x faster than the ``(in, out)`` the parameters keep, and self-attention's query, key
   and value kernels as one ``(3C, C)`` matrix (GPT-2's widths: 1.4x faster than three ``(C,
   C)`` products as stored); widening kernels stay as they are (an AVX-512 EPYC: no gain, or a
-  loss). The copies hold memory while the model lives (GPT-2 small: 198 MB), and the first call
-  pays for making them, hence the minimum. On by default on the CPU backend, off elsewhere and
-  under a device mesh; read when ``generate`` is called;
-  ``JAXFORMER_CPU_VECTOR_KERNELS=0`` turns it off, ``=1`` forces it (the minimum still holds).
+  loss). The copies hold memory while the model lives (GPT-2 small: 198 MB), and the call that
+  makes them pays for it, hence the minimum: a shorter call makes none but uses those an earlier
+  call made. On by default on the CPU backend, off elsewhere and under a device mesh; read when
+  ``generate`` is called; ``JAXFORMER_CPU_VECTOR_KERNELS=0`` turns it off, ``=1`` forces it (the
+  minimum still holds).
 - :func:`tune_allocator`: glibc's ``malloc`` gives every large block back to the kernel on
   ``free`` and takes it again on the next ``malloc`` (XLA:CPU frees tens to hundreds of MB of
   scratch per call: thousands of page faults per step). ``mallopt`` makes it keep them. A thread

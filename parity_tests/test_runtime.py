@@ -374,16 +374,16 @@ def _spy_kept_copies(monkeypatch) -> list:
     calls = []
     real = params.kept_vector_kernels
     monkeypatch.setattr(params, "kept_vector_kernels",
-                        lambda *a: calls.append(real(*a)) or calls[-1])
+                        lambda *a, **k: calls.append(real(*a, **k)) or calls[-1])
     return calls
 
 
 def test_vector_kernels_serve_long_single_row_generation_only(monkeypatch):
-    """The loop's layers get ``(out, in)`` kernel copies for one row (one prompt, no beams) and
-    at least ``VECTOR_KERNEL_MIN_TOKENS`` new tokens: on the CPU by default, wherever
-    ``JAXFORMER_CPU_VECTOR_KERNELS=1``, nowhere with it off; never for fewer tokens, two rows or
-    two beams (there the products are not matrix-vector ones, and a short call does not repay
-    the copies)."""
+    """The loop's layers get kernel copies for one row (one prompt, no beams): on the CPU by
+    default, wherever ``JAXFORMER_CPU_VECTOR_KERNELS=1``, nowhere with it off; never for two rows
+    or two beams (there the products are not matrix-vector ones). A call of at least
+    ``VECTOR_KERNEL_MIN_TOKENS`` tokens makes them; a shorter one makes none (it would not repay
+    them) but uses those an earlier call made; a call of one token has no steps."""
     from flax import nnx
 
     from jaxformer.generation import checks, decoding
@@ -402,11 +402,15 @@ def test_vector_kernels_serve_long_single_row_generation_only(monkeypatch):
         options, _ = checks.check_generate(vocab_size=29, **kwargs)
         return bool(decoding._vector_steps(model, graphdef, state, rows, options))
 
+    assert not applied("1", max_new_tokens=new - 1)  # nothing made yet
+    assert not applied("0")
     assert applied(None) == (jax.default_backend() == "cpu")
     assert applied("1")
     assert applied("1", max_new_tokens=4 * new)
+    assert applied("1", max_new_tokens=2)  # the copies made above
     assert not applied("0")
-    assert not applied("1", max_new_tokens=new - 1)
+    assert not applied("0", max_new_tokens=2)
+    assert not applied("1", max_new_tokens=1)
     assert not applied("1", rows=2)
     assert not applied("1", num_beams=2)
 

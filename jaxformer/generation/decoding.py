@@ -22,12 +22,15 @@ from jaxformer.nn import params
 
 
 def _vector_steps(model, graphdef, state, rows: int, options) -> dict:
-    """One row for many steps on the CPU (``runtime.cpu_vector_kernels``): copies of weights in
-    a faster layout, kept with the model (``params.kept_vector_kernels``), which the loop
-    multiplies by; the prefill and the encoder keep the stored ones. ``{}`` otherwise."""
-    if (rows * options.num_beams == 1 and options.max_new_tokens >= runtime.VECTOR_KERNEL_MIN_TOKENS
-            and runtime.cpu_vector_kernels()):
-        return params.kept_vector_kernels(model, graphdef, state)
+    """One row on the CPU (``runtime.cpu_vector_kernels``): copies of weights in a faster layout,
+    kept with the model (``params.kept_vector_kernels``), which the loop multiplies by; the
+    prefill and the encoder keep the stored ones. A call of fewer than
+    ``VECTOR_KERNEL_MIN_TOKENS`` tokens uses the copies an earlier call made, but makes none
+    (it would not repay them). ``{}`` otherwise."""
+    steps = options.max_new_tokens
+    if rows * options.num_beams == 1 and steps > 1 and runtime.cpu_vector_kernels():
+        return params.kept_vector_kernels(model, graphdef, state,
+                                          make=steps >= runtime.VECTOR_KERNEL_MIN_TOKENS)
     return {}
 
 

@@ -136,17 +136,20 @@ def _make_vector_kernels(graphdef, state):
 _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def kept_vector_kernels(model: nnx.Module, graphdef,
-                        state) -> dict[str, dict[str, jax.Array | None]]:
+def kept_vector_kernels(model: nnx.Module, graphdef, state, *,
+                        make: bool = True) -> dict[str, dict[str, jax.Array | None]]:
     """:func:`vector_kernels` of ``model`` (split as ``graphdef, state``), made once and kept with
     the model for as long as it lives, until its state holds other arrays (new weights: trained,
     loaded or replaced, which makes new arrays), when they are made again. GPT-2 small's: 198 MB.
-    Decoding takes its copies here, so only a model's first ``generate`` call pays for them."""
+    Decoding takes its copies here, so only a model's first ``generate`` call pays for them.
+    ``make=False``: the kept copies if they are current, else ``{}`` (nothing is made)."""
     leaves = jax.tree.leaves(state)
     kept = _KEPT.get(model)
     if kept is not None and len(kept[0]) == len(leaves) and all(
             ref() is leaf for ref, leaf in zip(kept[0], leaves)):
         return kept[1]
+    if not make:
+        return {}
     copies = _make_vector_kernels(graphdef, state)
     _KEPT[model] = ([weakref.ref(leaf) for leaf in leaves], copies)
     return copies
