@@ -120,9 +120,10 @@ def switched_off(name: str | None, program: str):
     """``(context manager, candidate name)`` for ``--jax-switch NAME``, ``(None, None)`` without
     it. Under the context manager ``jaxformer.generation.decoding``'s ``program``
     (``_generate_gpt`` or ``_generate_seq2seq``) is a second compiled program, traced with the
-    environment variable ``name`` set to ``0``: jaxformer reads its ``JAXFORMER_*`` switches when
-    a program is traced and jax keeps one trace per function, so the variant needs a function of
-    its own. The default program stays compiled as it is; both are timed in one process."""
+    environment variable ``name`` set to ``0``: jaxformer reads most of its ``JAXFORMER_*``
+    switches when a program is traced and jax keeps one trace per function, so the variant needs
+    a function of its own (``JAXFORMER_CPU_VECTOR_KERNELS`` is read by each ``generate`` call,
+    which the variable set during the call covers too). The default program stays compiled as it is; both are timed in one process."""
     if name is None:
         return None, None
     import contextlib

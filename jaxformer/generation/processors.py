@@ -99,8 +99,8 @@ def greedy(scores):
     """The best token per row, ``argmax`` over the last axis: the first index of the largest
     score (of the first NaN, if any, as ``jnp.argmax``), int32. Written as two plain reductions
     (the maximum, then the first index holding it): XLA:CPU runs ``argmax``'s one reduction of
-    (value, index) pairs element by element, ~2.6x slower over GPT-2's 50,257 scores, a
-    measurable share of a batch-1 decoding step (docs/performance.md)."""
+    (value, index) pairs element by element, 0.24 ms of a GPT-2 small decoding step against
+    0.02 for these two (docs/performance.md)."""
     best = jnp.max(scores, axis=-1, keepdims=True)
     hits = (scores == best) | jnp.isnan(scores)
     index = jnp.arange(scores.shape[-1], dtype=jnp.int32)

@@ -61,7 +61,7 @@ class _Linear(nnx.Linear):
     """``nnx.Linear`` (the same parameters, paths and forward) whose weight gradient takes
     XLA:CPU's fast matmul layout when ``runtime.cpu_weight_gradients()`` says so at trace
     time: on the CPU backend, without a device mesh. A layer given an ``(out, in)`` copy of
-    its kernel by ``vector_kernels`` multiplies by that copy instead."""
+    its kernel (``vector_kernels``, ``use_vector_kernels``) multiplies by that copy instead."""
 
     _vector_kernel: jax.Array | None = None  # set by use_vector_kernels
 
@@ -141,7 +141,7 @@ def kept_vector_kernels(model: nnx.Module, graphdef, state, *,
     """:func:`vector_kernels` of ``model`` (split as ``graphdef, state``), made once and kept with
     the model for as long as it lives, until its state holds other arrays (new weights: trained,
     loaded or replaced, which makes new arrays), when they are made again. GPT-2 small's: 198 MB.
-    Decoding takes its copies here, so only a model's first ``generate`` call pays for them.
+    Decoding takes its copies here, so only the ``generate`` call that makes them pays for them.
     ``make=False``: the kept copies if they are current, else ``{}`` (nothing is made)."""
     leaves = jax.tree.leaves(state)
     kept = _KEPT.get(model)
