@@ -123,7 +123,8 @@ def switched_off(name: str | None, program: str):
     environment variable ``name`` set to ``0``: jaxformer reads most of its ``JAXFORMER_*``
     switches when a program is traced and jax keeps one trace per function, so the variant needs
     a function of its own (``JAXFORMER_CPU_VECTOR_KERNELS`` is read by each ``generate`` call,
-    which the variable set during the call covers too). The default program stays compiled as it is; both are timed in one process."""
+    which the variable set during the call covers too). The default program stays compiled as it
+    is; both are timed in one process."""
     if name is None:
         return None, None
     import contextlib
