@@ -62,8 +62,8 @@ VECTOR_SHAPES = [(768, 768), (768, 3072), (3072, 768), (768, 2304), (1024, 1024)
 
 
 def vector_case(bench, k: int, n: int, megabytes: int):
-    """``(bytes read, candidates)``: one row times ``count`` distinct ``[k, n]`` weights in one
-    call, the weights about ``megabytes`` in all (see the module doc)."""
+    """``(bytes read, count, candidates)``: one row times ``count`` distinct ``[k, n]`` weights
+    in one call, the weights about ``megabytes`` in all (see the module doc)."""
     import numpy as np
     jax, jnp, torch = bench.jax, bench.jax.numpy, bench.torch
     count = max(4, round(megabytes * 2**20 / (4 * k * n)))

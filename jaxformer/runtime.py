@@ -129,8 +129,9 @@ VECTOR_KERNEL_MIN_TOKENS = 32
 
 
 def cpu_vector_kernels() -> bool:
-    """Whether generating one row for at least ``VECTOR_KERNEL_MIN_TOKENS`` tokens multiplies by
-    copies of weights in a faster layout (``jaxformer.nn.params.vector_kernels``)."""
+    """Whether generating one row multiplies by copies of weights in a faster layout, made by a
+    call of at least ``VECTOR_KERNEL_MIN_TOKENS`` tokens and kept with the model
+    (``jaxformer.nn.params.kept_vector_kernels``)."""
     return _cpu_rule("JAXFORMER_CPU_VECTOR_KERNELS")
 
 
