@@ -34,6 +34,16 @@ def _vector_steps(model, graphdef, state, rows: int, options) -> dict:
     return {}
 
 
+def check_eval_mode(model) -> None:
+    """Generation runs the model without dropout: a model left in training mode with a dropout
+    rate above 0 (``nnx.Dropout`` not deterministic) is refused with a clear error, not traced
+    into a program that would drop activations (or fail on the dropout's random stream)."""
+    if any(isinstance(module, nnx.Dropout) and module.rate > 0 and not module.deterministic
+           for _, module in nnx.iter_graph(model)):
+        raise ValueError("generate needs the model in evaluation mode: it is in training mode "
+                         "with dropout active; call model.eval() first")
+
+
 def _search(step_fn, logits, cache, prompt, options, values, stream_id):
     if options.num_beams > 1:
         return search.beam(step_fn, logits, cache, prompt, options, values)
@@ -86,9 +96,10 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens=None, do_s
 
     ``model`` is a ``GPT`` (``input_ids`` = the prompt, ``[batch, seq]``, left-padded with
     ``attention_mask``) or a ``Transformer`` (``input_ids`` = the source, ``attention_mask`` its
-    mask, default from ``src_pad_id``; ``decoder_start_token_id`` required). Put the model in eval
-    mode first. ``eos_token_id`` is an id or a list of ids. ``streamer``, a callable, receives each
-    step's new tokens (a numpy ``[batch]`` array) as they are produced (``num_beams=1`` only).
+    mask, default from ``src_pad_id``; ``decoder_start_token_id`` required), in eval mode
+    (``model.eval()``: with dropout active it raises ``ValueError``). ``eos_token_id`` is an id
+    or a list of ids. ``streamer``, a callable, receives each step's new tokens (a numpy
+    ``[batch]`` array) as they are produced (``num_beams=1`` only).
     Returns int32 token ids (the shape is under eos below). ``max_length`` (the whole returned
     sequence: GPT's prompt included, the encoder-decoder's start token included, as in Hugging
     Face) may be given instead of ``max_new_tokens``.
@@ -135,6 +146,7 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens=None, do_s
     config = model.config
     options, values = checks.check_arguments(config, isinstance(model, GPT), input_ids,
                                              attention_mask, locals())
+    check_eval_mode(model)
     graphdef, state = nnx.split(model)
     ids = jnp.asarray(np.asarray(input_ids), jnp.int32)
     copies = _vector_steps(model, graphdef, state, ids.shape[0], options)

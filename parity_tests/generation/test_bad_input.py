@@ -3,6 +3,8 @@ before anything is computed (issue 9, item 6, and a few more)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from jaxformer.generation import generate as jax_generate
 from jaxformer.models import encoder_decoder as jed
 from jaxformer.models import gpt as jgpt
 from parity_tests.support.generation import GPT_PRE_LN, SEQ2SEQ_POST_LN, model_pair
+from parity_tests.support.helpers import twin_pair
 from torch_ref.generation import generate as torch_generate
 from torch_ref.models import encoder_decoder as ted
 from torch_ref.models import gpt as tgpt
@@ -117,3 +120,39 @@ def test_only_gpt_and_encoder_decoder_generate():
     from torch_ref.models.bert import BertModel
     with pytest.raises(TypeError, match="generate needs a GPT or an encoder-decoder"):
         torch_generate(BertModel(BertConfig.tiny()), IDS, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("family", ["gpt", "encoder_decoder"])
+def test_training_mode_with_dropout_is_refused(family):
+    """A model left in training mode would drop activations while generating (torch) or fail on
+    its dropout's random stream inside the compiled loop (flax): both twins refuse it by name.
+    Training mode with every dropout rate at 0 computes what eval mode does, and is accepted."""
+    classes, config, case = {
+        "gpt": ((tgpt.GPT, jgpt.GPT), GPT_PRE_LN, {}),
+        "encoder_decoder": ((ted.Transformer, jed.Transformer), SEQ2SEQ_POST_LN,
+                            dict(decoder_start_token_id=1, attention_mask=None)),
+    }[family]
+    rates = dict(dropout_rate=0.1, attention_dropout_rate=0.0)
+    torch_model, jax_model = twin_pair(*classes, dataclasses.replace(config, **rates))
+    torch_model.train()
+    jax_model.train()
+    messages = []
+    for generate, model, wrap in ((jax_generate, jax_model, np.asarray),
+                                  (torch_generate, torch_model, torch.tensor)):
+        with pytest.raises(ValueError, match=r"generate needs the model in evaluation mode: "
+                                             r"it is in training mode with dropout active; "
+                                             r"call model.eval\(\) first") as error:
+            call(generate, model, wrap, case)
+        messages.append(str(error.value))
+    assert messages[0] == messages[1]
+
+    no_dropout = dataclasses.replace(config, dropout_rate=0.0, attention_dropout_rate=0.0)
+    torch_model, jax_model = twin_pair(*classes, no_dropout)
+    tokens = [np.asarray(call(jax_generate, jax_model, np.asarray, case)),
+              call(torch_generate, torch_model, torch.tensor, case).numpy()]
+    torch_model.train()
+    jax_model.train()
+    np.testing.assert_array_equal(np.asarray(call(jax_generate, jax_model, np.asarray, case)),
+                                  tokens[0])
+    np.testing.assert_array_equal(call(torch_generate, torch_model, torch.tensor, case).numpy(),
+                                  tokens[1])

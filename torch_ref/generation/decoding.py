@@ -16,6 +16,15 @@ from torch_ref.models.gpt import GPT
 
 
 @torch.no_grad()
+def check_eval_mode(model) -> None:
+    """Same as ``jaxformer.generation.decoding.check_eval_mode`` (an ``nn.Dropout`` of ``p > 0``
+    in training mode)."""
+    if any(isinstance(module, torch.nn.Dropout) and module.p > 0 and module.training
+           for module in model.modules()):
+        raise ValueError("generate needs the model in evaluation mode: it is in training mode "
+                         "with dropout active; call model.eval() first")
+
+
 def generate(model, input_ids, attention_mask=None, *, max_new_tokens=None, do_sample=False,
              temperature=1.0, top_k=0, top_p=1.0, num_beams=1, length_penalty=1.0,
              early_stopping=False, eos_token_id=None, pad_token_id=None, seed=0,
@@ -28,6 +37,7 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens=None, do_s
     config = model.config
     options, values = checks.check_arguments(config, isinstance(model, GPT), input_ids,
                                              attention_mask, locals())
+    check_eval_mode(model)
     device = next(model.parameters()).device
     ids = torch.as_tensor(input_ids, device=device).long()
     values = {name: torch.as_tensor(value, device=device) if name != "seed" else int(value)
