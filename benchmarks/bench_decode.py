@@ -19,7 +19,9 @@ so the bound is ``bytes read per token / memory bandwidth``: the bytes are the f
 the step reads in full (every matrix, bias and LayerNorm, and the token embedding through the
 tied LM head; the position table is read one row at a time and not counted), the bandwidth the
 best of a jitted ``jnp.sum`` and a numpy ``sum`` over ``--bandwidth-mb`` of float32, measured in
-this process. The per-token decode time is ``(t(new) - t(1)) / (new - 1)``.
+this process before the cases and again after each (the best so far counts). The KV cache the
+step also reads is not counted: at long prompts the fraction of the bound understates. The
+per-token decode time is ``(t(new) - t(1)) / (new - 1)``.
 
 ``--jax-switch NAME`` adds the candidate ``jaxformer NAME=0`` (``harness.switched_off``), timed
 interleaved with the default in the same process, and the default's speed-up over it.
@@ -111,6 +113,7 @@ def main(argv=None) -> int:
     switch_off, variant = harness.switched_off(args.jax_switch, "_generate_gpt")
     bandwidth = memory_bandwidth(jax, args.bandwidth_mb)
     per_token_bytes = bytes_read_per_token(config)
+    seen = [bandwidth["bytes_per_s"]]
     bound_s = per_token_bytes / bandwidth["bytes_per_s"]
     print(f"memory bandwidth {bandwidth['bytes_per_s'] / 1e9:.1f} GB/s; {per_token_bytes / 1e6:.0f}"
           f" MB read per token: batch-1 bound {1e3 * bound_s:.1f} ms/token", flush=True)
@@ -165,6 +168,13 @@ def main(argv=None) -> int:
         ttft = bench.measure(candidates(1), baseline=baseline, tokens=batch, peak=False)
         case = bench.measure(candidates(args.new), baseline=baseline, tokens=batch * args.new,
                              flop=decode_flops(config, batch, args.prompt, args.new))
+        # again after the timed rounds: on a shared VM one measurement can land in a slow spell,
+        # and a low bandwidth would make a generous bound; the best of all so far counts
+        seen.append(memory_bandwidth(jax, args.bandwidth_mb)["bytes_per_s"])
+        if seen[-1] > bandwidth["bytes_per_s"]:
+            bandwidth = {**bandwidth, "bytes_per_s": seen[-1]}
+        bandwidth["measured_bytes_per_s"] = list(seen)
+        bound_s = per_token_bytes / bandwidth["bytes_per_s"]
         notes = {"identical tokens vs jaxformer": ", ".join(f"{k} {100 * v:.1f}%"
                                                             for k, v in same.items())}
         for name in case["candidates"]:
@@ -193,8 +203,10 @@ def main(argv=None) -> int:
                     bytes_read_per_token=per_token_bytes)
         bench.add(f"gpt2_greedy_b{batch}", case)
         print("  " + "; ".join(f"{k}: {v}" for k, v in notes.items()), flush=True)
+    measured = ", ".join(f"{b / 1e9:.1f}" for b in seen)
     bench.footnote = (f"Memory bandwidth {bandwidth['bytes_per_s'] / 1e9:.1f} GB/s (best of jax "
-                      f"and numpy sums over {args.bandwidth_mb} MB); bound at batch 1 = "
+                      f"and numpy sums over {args.bandwidth_mb} MB, measured before the cases and "
+                      f"after each: {measured}); bound at batch 1 = "
                       f"{per_token_bytes / 1e6:.0f} MB / bandwidth = {1e3 * bound_s:.1f} ms/step.")
     return bench.finish()
 

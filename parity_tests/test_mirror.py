@@ -131,8 +131,9 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
             "torch layers come with torch's own initialisers: one pass replaces them afterwards",
     },
     "nn/attention.py": {
-        (JAX, "einsum_attention(heads_first_kv)"):
-            "JAX attends (B, T, nh, hs) keys, the cache holds (B, nh, L, hs); torch is heads-first",
+        (JAX, "function cached_attention"):
+            "XLA's products take the (B * nh, L, hs) cache as it is (a reshape between the cache's "
+            "update and them made XLA copy it); torch views it as (B, nh, L, hs) for attention",
         (JAX, "function cudnn_attention"):
             "jax's cuDNN kernel takes a mask as a bias or as its own mask types, chosen here; "
             "torch's SDPA chooses among its kernels itself",

@@ -338,7 +338,7 @@ def test_cached_self_attention_projects_one_row_by_one_matrix():
         projection.bias[...] = np.random.RandomState(4).standard_normal(C).astype(np.float32)
     rng = np.random.RandomState(5)
     x = rng.standard_normal((1, 1, C)).astype(np.float32)
-    slots = rng.standard_normal((2, 1, nh, 7, C // nh)).astype(np.float32)
+    slots = rng.standard_normal((2, nh, 7, C // nh)).astype(np.float32)  # (B * nh, L, hs)
     cache = LayerCache(key=slots[0], value=slots[1])
     mask = np.ones((1, 1, 1, 7), bool)
 

@@ -242,7 +242,7 @@ class Transformer(nnx.Module):
         """A cache for decoding ``max_length`` target tokens against ``memory`` ``(B, S, C)``:
         cross-attention keys and values computed here, once (see the module doc)."""
         B, S, _ = memory.shape
-        shape = (B, self.config.num_heads, max_length, self.config.head_dim)
+        shape = (B * self.config.num_heads, max_length, self.config.head_dim)
         dtype = jnp.dtype(self.config.dtype)
         layers = self.decoder.layers.map(lambda layer: DecoderLayerCache(
             self_attention=LayerCache(key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype)),

@@ -79,7 +79,7 @@ class GPT(nnx.Module):
     meaningless; nothing real attends to them.
 
     Decoding with a KV cache (``jaxformer.generation``): ``init_cache`` preallocates a ``GPTCache``
-    (``nn/cache.py``: a ``LayerCache`` of ``(B, nh, L, hs)`` keys and values per block, the filled
+    (``nn/cache.py``: a ``LayerCache`` of ``(B * nh, L, hs)`` keys and values per block, the filled
     slots' ``mask``, the ``index`` of slots filled, each row's next ``positions``), and
     ``hidden_states`` / ``__call__`` given ``cache=`` run only the new tokens and return ``(output,
     new cache)``. The new tokens' positions continue each row's count of real tokens, so a
@@ -98,7 +98,7 @@ class GPT(nnx.Module):
 
     def init_cache(self, batch_size: int, max_length: int) -> GPTCache:
         """An empty cache of ``max_length`` slots for ``batch_size`` rows (see the module doc)."""
-        shape = (batch_size, self.config.num_heads, max_length, self.config.head_dim)
+        shape = (batch_size * self.config.num_heads, max_length, self.config.head_dim)
         dtype = jnp.dtype(self.config.dtype)
         return GPTCache(layers=self.blocks.map(lambda block: LayerCache(
                             key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype))),

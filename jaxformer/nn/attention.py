@@ -106,19 +106,36 @@ def mask_pattern(mask, B: int, T: int, S: int) -> tuple[jax.Array, jax.Array]:
     return index, lengths
 
 
-def einsum_attention(q, k, v, mask, dropout, *, heads_first_kv: bool = False):
+def einsum_attention(q, k, v, mask, dropout):
     """The explicit path: scores in float32, masked scores set to MASK_VALUE, softmax over keys,
-    dropout on the probabilities (the only path that can drop them). ``heads_first_kv``: keys
-    and values are ``(B, nh, S, hs)``, the KV cache's layout (see ``MultiHeadAttention``)."""
-    kv = "bhsd" if heads_first_kv else "bshd"
-    scores = jnp.einsum(f"bthd,{kv}->bhts", q, k, preferred_element_type=jnp.float32)
-    scores = scores / math.sqrt(q.shape[-1])  # (B, nh, T, S)
+    dropout on the probabilities (the only path that can drop them)."""
+    scores = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32)
+    weights = _probabilities(scores / math.sqrt(q.shape[-1]), mask, dropout, v.dtype)
+    return jnp.einsum("bhts,bshd->bthd", weights, v)  # (B, T, nh, hs)
+
+
+def _probabilities(scores, mask, dropout, dtype):
+    """``(B, nh, T, S)`` float32 scores -> attention probabilities in ``dtype``: masked scores
+    set to MASK_VALUE, softmax over keys, dropout."""
     if mask is not None:
         scores = jnp.where(mask, scores, MASK_VALUE)
-    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    if dropout is not None:
-        weights = dropout(weights)
-    return jnp.einsum(f"bhts,{kv}->bthd", weights, v)  # (B, T, nh, hs)
+    weights = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    return dropout(weights) if dropout is not None else weights
+
+
+def cached_attention(q, k, v, mask, dropout):
+    """:func:`einsum_attention` over keys and values as the KV cache holds them, ``(B * nh, S,
+    hs)`` (``nn/cache.py``): the products take the cache's arrays as they are, one batch entry
+    per row and head, with no reshape between a step's write into the cache and them (XLA then
+    updates the cache in place; a reshape there made it copy every layer's values three times a
+    step, docs/performance.md). The same products and sums as :func:`einsum_attention`."""
+    B, T, nh, hs = q.shape
+    q = q.transpose(0, 2, 1, 3).reshape(B * nh, T, hs)
+    scores = jnp.einsum("xtd,xsd->xts", q, k, preferred_element_type=jnp.float32)
+    scores = (scores / math.sqrt(hs)).reshape(B, nh, T, -1)
+    weights = _probabilities(scores, mask, dropout, v.dtype).reshape(B * nh, T, -1)
+    y = jnp.einsum("xts,xsd->xtd", weights, v)  # (B * nh, T, hs)
+    return y.reshape(B, nh, T, hs).transpose(0, 2, 1, 3)  # (B, T, nh, hs)
 
 
 # config.attention_implementation -> function; "auto" is resolved in `attention`.
@@ -193,8 +210,8 @@ class MultiHeadAttention(nnx.Module):
     """Self-attention (``context=None``) or cross-attention over ``context``.
 
     Decoding with a KV cache (``jaxformer.generation``): ``cache`` is a
-    :class:`~jaxformer.nn.cache.LayerCache`, keys and values heads-first ``(B, nh, L, hs)`` as
-    in torch_ref, preallocated to L slots; ``context`` is then None.
+    :class:`~jaxformer.nn.cache.LayerCache`, keys and values ``(B * nh, L, hs)`` as in torch_ref,
+    preallocated to L slots; ``context`` is then None.
 
     - Self-attention, ``cache_index`` given (a scalar, traced or not): this call's keys and values
       are written at slots ``[cache_index, cache_index + T)`` and the queries attend over all L
@@ -234,24 +251,26 @@ class MultiHeadAttention(nnx.Module):
                 "_qkv_bias": jnp.concatenate(biases) if len(biases) == 3 else None}
 
     def _vector_projections(self, x):
-        """``(queries (B, T, nh, hs), LayerCache of heads-first keys and values)`` by the one
+        """``(queries (B, T, nh, hs), LayerCache of keys and values (B * nh, T, hs))`` by the one
         ``(3C, C)`` copy of ``vector_copies``."""
         qkv = vector_product(*self.query.promote_dtype((x, self._qkv_kernel, self._qkv_bias),
                                                        dtype=self.query.dtype))
-        q, k, v = (self._heads(t) for t in jnp.split(qkv, 3, axis=-1))
-        return q, LayerCache(key=k.transpose(0, 2, 1, 3), value=v.transpose(0, 2, 1, 3))
+        q, k, v = jnp.split(qkv, 3, axis=-1)
+        return self._heads(q), LayerCache(key=self._cached(k), value=self._cached(v))
 
     def _heads(self, x):
         """``(B, T, C)`` -> ``(B, T, nh, hs)``."""
         return x.reshape(*x.shape[:2], self.num_heads, self.head_dim)
 
-    def key_value(self, context) -> LayerCache:
-        """``(B, S, C)`` -> a ``LayerCache`` of keys and values, each heads-first
-        ``(B, nh, S, hs)``."""
-        def heads(projection):
-            return self._heads(projection(context)).transpose(0, 2, 1, 3)
+    def _cached(self, x):
+        """``(B, T, C)`` keys or values -> the cache's layout, ``(B * nh, T, hs)``."""
+        B, T, _ = x.shape
+        return self._heads(x).transpose(0, 2, 1, 3).reshape(B * self.num_heads, T, self.head_dim)
 
-        return LayerCache(key=heads(self.key), value=heads(self.value))
+    def key_value(self, context) -> LayerCache:
+        """``(B, S, C)`` -> a ``LayerCache`` of keys and values, each ``(B * nh, S, hs)``."""
+        return LayerCache(key=self._cached(self.key(context)),
+                          value=self._cached(self.value(context)))
 
     def __call__(self, hidden_states, context=None, mask=None, cache=None, cache_index=None):
         B, T, C = hidden_states.shape
@@ -275,14 +294,13 @@ class MultiHeadAttention(nnx.Module):
 
             def write(slots, x):
                 return jax.lax.dynamic_update_slice(slots, x.astype(slots.dtype),
-                                                    (0, 0, cache_index, 0))
+                                                    (0, cache_index, 0))
 
             cache = LayerCache(key=write(cache.key, new.key),
                                value=write(cache.value, new.value))
-        # The cache is heads-first, the layout batched matmuls read directly
+        # The cache is (B * nh, L, hs), the layout batched matmuls read directly
         # (jax.nn.dot_product_attention takes (B, L, nh, hs) keys and had XLA transpose the whole
         # cache at every step); flash attention brings nothing to a few queries, so the config's
         # implementation applies to uncached calls only.
-        y = einsum_attention(q, cache.key, cache.value, mask,
-                             _active(self.attention_dropout), heads_first_kv=True)
+        y = cached_attention(q, cache.key, cache.value, mask, _active(self.attention_dropout))
         return self.output(y.reshape(B, T, C)), cache

@@ -17,9 +17,11 @@ from flax import struct
 
 @struct.dataclass
 class LayerCache:
-    """One attention's keys and values, heads-first ``(B, nh, L, hs)`` (the layout a batched
-    matmul reads as it is); ``(layers, B, nh, L, hs)`` in a scanned stack. Self-attention writes
-    its slots into it; cross-attention's holds the source's ``(B, nh, S, hs)``, computed once."""
+    """One attention's keys and values, ``(B * nh, L, hs)``: one entry per row and head, row
+    ``b``'s heads at ``b * nh ... b * nh + nh - 1``, the layout the batched products of attention
+    read as it is (``attention.cached_attention``); ``(layers, B * nh, L, hs)`` in a scanned
+    stack. Self-attention writes its slots into it; cross-attention's holds the source's
+    ``(B * nh, S, hs)``, computed once."""
 
     key: jax.Array
     value: jax.Array
@@ -69,10 +71,18 @@ class Seq2SeqCache:
 
 def map_rows(cache: GPTCache | Seq2SeqCache, fn: Callable) -> GPTCache | Seq2SeqCache:
     """``fn(array, axis)`` on every per-row array of ``cache``, ``axis`` being its batch axis: 0,
-    or 1 in the layers of a scanned stack. The scalar ``index`` is kept. Beam search repeats and
-    reorders the rows with it."""
+    or 1 in the layers of a scanned stack, whose keys and values ``fn`` sees as ``(..., B, nh,
+    L, hs)`` (their rows and heads split apart, joined again after). The scalar ``index`` is
+    kept. Beam search repeats and reorders the rows with it."""
     layer_axis = 0 if isinstance(cache.layers, tuple) else 1
     rows = {field.name: fn(getattr(cache, field.name), 0) for field in dataclasses.fields(cache)
             if field.name not in ("layers", "index")}
-    layers = jax.tree.map(lambda x: fn(x, layer_axis), cache.layers)
+    B = cache.mask.shape[0]
+
+    def heads_apart(x):
+        before, after = x.shape[:layer_axis], x.shape[layer_axis + 1:]
+        y = fn(x.reshape(*before, B, x.shape[layer_axis] // B, *after), layer_axis)
+        return y.reshape(*before, -1, *after)
+
+    layers = jax.tree.map(heads_apart, cache.layers)
     return dataclasses.replace(cache, layers=layers, **rows)

@@ -149,3 +149,38 @@ def test_cache_calls_refuse_what_does_not_fit():
             cache = model.init_cache(memory, 4)
             with pytest.raises(ValueError, match="pass memory=None, src_mask=None"):
                 model.decode(wrap(ids[:, :1]), memory, cache=cache)
+
+
+@pytest.mark.parametrize("family, rows", [("gpt", 1), ("gpt", 2), ("encoder_decoder", 1)])
+def test_generation_loop_updates_the_cache_in_place(monkeypatch, family, rows):
+    """The compiled generation program copies no key or value cache: each step writes its slot
+    in place and attention's products read the cache as it lies. With the cache stored as
+    ``(B, nh, L, hs)`` XLA put a reshape between the write and the products and copied every
+    layer's values three times a step, and its keys once, transposed (docs/performance.md)."""
+    from jaxformer.generation import decoding
+    from jaxformer.generation import generate as jax_generate
+
+    is_gpt = family == "gpt"
+    classes = (tgpt.GPT, jgpt.GPT) if is_gpt else (ted.Transformer, jed.Transformer)
+    config = GPT_PRE_LN if is_gpt else SEQ2SEQ_POST_LN
+    model = model_pair(*classes, config)[1]
+    program = "_generate_gpt" if is_gpt else "_generate_seq2seq"
+    real, calls = getattr(decoding, program), []
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decoding, program, spy)
+    ids = np.random.RandomState(0).randint(1, 20, (rows, 5))
+    new = 7
+    jax_generate(model, ids, max_new_tokens=new,
+                 **({} if is_gpt else dict(decoder_start_token_id=1)))
+    (args, kwargs), = calls
+    hlo = real.lower(*args, **kwargs).compile().as_text()
+    L = ids.shape[1] + new if is_gpt else 1 + new
+    hs = config.head_dim
+    cache_sized = [line.strip()[:160] for line in hlo.splitlines()
+                   if line.strip().startswith("%copy") and (f",{L},{hs}]" in line
+                                                            or f",{hs},{L}]" in line)]
+    assert not cache_sized, cache_sized

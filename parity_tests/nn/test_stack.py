@@ -174,7 +174,7 @@ def test_scanned_cache_and_params_are_stacked():
     assert model.blocks.stacked.attention.query.kernel.get_value().shape == (L, C, C)
     assert model.blocks[1].attention.query.kernel.get_value().shape == (C, C)
     cache = model.init_cache(2, 9)
-    assert cache.layers.key.shape == (L, 2, GPT_TINY.num_heads, 9, GPT_TINY.head_dim)
+    assert cache.layers.key.shape == (L, 2 * GPT_TINY.num_heads, 9, GPT_TINY.head_dim)
 
 
 def test_stacked_params_carry_the_layers_axis_name():

@@ -1,7 +1,7 @@
 """Twin of ``jaxformer/models/encoder_decoder.py``: the encoder-decoder Transformer in PyTorch.
 
 The KV cache is a ``Seq2SeqCache`` (``torch_ref/nn/cache.py``), the same classes and shapes as
-jaxformer's (heads-first ``(B, nh, L, hs)``), its self-attention tensors written in place;
+jaxformer's (``(B * nh, L, hs)`` keys and values), its self-attention tensors written in place;
 ``index`` is a Python int.
 """
 
@@ -170,7 +170,7 @@ class Transformer(nn.Module):
 
     def init_cache(self, memory, max_length: int, src_mask=None) -> Seq2SeqCache:
         B, S, _ = memory.shape
-        shape = (B, self.config.num_heads, max_length, self.config.head_dim)
+        shape = (B * self.config.num_heads, max_length, self.config.head_dim)
         layers = self.decoder.layers.map(lambda layer: DecoderLayerCache(
             self_attention=LayerCache(key=memory.new_zeros(shape), value=memory.new_zeros(shape)),
             cross_attention=layer.cross_attention.key_value(memory)))

@@ -2,8 +2,8 @@
 
 See jaxformer's ``GPT`` for the masks (``[batch, seq]`` only; the causal mask is built inside, a
 4-D mask is refused), the position ids (``cumsum(mask) - 1`` at real tokens, 0 at padding) and
-the KV cache, a ``GPTCache`` (``torch_ref/nn/cache.py``): keys and values are heads-first
-``(B, nh, L, hs)`` as in jaxformer, written in place here; ``index`` is a Python int.
+the KV cache, a ``GPTCache`` (``torch_ref/nn/cache.py``): keys and values are
+``(B * nh, L, hs)`` as in jaxformer, written in place here; ``index`` is a Python int.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class GPT(nn.Module):
 
     def init_cache(self, batch_size: int, max_length: int) -> GPTCache:
         weight = self.embeddings.word_embeddings.weight
-        shape = (batch_size, self.config.num_heads, max_length, self.config.head_dim)
+        shape = (batch_size * self.config.num_heads, max_length, self.config.head_dim)
         zeros = partial(torch.zeros, dtype=weight.dtype, device=weight.device)
         return GPTCache(layers=self.blocks.map(lambda block: LayerCache(key=zeros(shape),
                                                                         value=zeros(shape))),

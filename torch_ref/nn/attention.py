@@ -71,8 +71,8 @@ def cache_mask(valid, cache_index, q_len: int) -> torch.Tensor:
 
 
 class MultiHeadAttention(nn.Module):
-    """Twin of jaxformer's, cache included: a ``LayerCache`` of ``(B, nh, L, hs)`` keys and
-    values, which a self-attention call writes its slots into in place (torch's idiom; jaxformer
+    """Twin of jaxformer's, cache included: a ``LayerCache`` of ``(B * nh, L, hs)`` keys and
+    values (viewed as ``(B, nh, L, hs)`` for attention), which a self-attention call writes its slots into in place (torch's idiom; jaxformer
     returns new arrays) before returning it."""
 
     def __init__(self, config):
@@ -87,30 +87,34 @@ class MultiHeadAttention(nn.Module):
         self.attention_dropout = nn.Dropout(config.attention_dropout_rate)
         self.implementation = config.attention_implementation
 
+    def _heads(self, x):
+        """``(B, T, C)`` -> ``(B, nh, T, hs)``."""
+        B, T, _ = x.shape
+        return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+
     def key_value(self, context) -> LayerCache:
-        """``(B, S, C)`` -> a ``LayerCache`` of keys and values, each ``(B, nh, S, hs)``."""
-        B, S, _ = context.shape
+        """``(B, S, C)`` -> a ``LayerCache`` of keys and values, each ``(B * nh, S, hs)``."""
+        def cached(projection):
+            return self._heads(projection(context)).reshape(-1, context.shape[1], self.head_dim)
 
-        def heads(projection):
-            return projection(context).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-
-        return LayerCache(key=heads(self.key), value=heads(self.value))
+        return LayerCache(key=cached(self.key), value=cached(self.value))
 
     def forward(self, hidden_states, context=None, mask=None, cache=None, cache_index=None):
         B, T, C = hidden_states.shape
-        q = self.query(hidden_states).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        q = self._heads(self.query(hidden_states))
         if cache is None:
-            kv = self.key_value(hidden_states if context is None else context)
+            context = hidden_states if context is None else context
+            k, v = self._heads(self.key(context)), self._heads(self.value(context))
         else:
             if context is not None:
                 raise ValueError("attention with a cache takes no context: cross-attention "
                                  "reads the context's keys and values from the cache")
             if cache_index is not None:  # self-attention: write this call's slots, read them all
                 new = self.key_value(hidden_states)
-                cache.key[:, :, cache_index:cache_index + T] = new.key
-                cache.value[:, :, cache_index:cache_index + T] = new.value
-            kv = cache
-        y = attention(q, kv.key, kv.value, mask, self.attention_dropout,
-                      self.implementation)  # (B, nh, T, hs)
+                cache.key[:, cache_index:cache_index + T] = new.key
+                cache.value[:, cache_index:cache_index + T] = new.value
+            # (B * nh, L, hs) -> (B, nh, L, hs): a view
+            k, v = (x.view(B, self.num_heads, -1, self.head_dim) for x in (cache.key, cache.value))
+        y = attention(q, k, v, mask, self.attention_dropout, self.implementation)  # (B, nh, T, hs)
         out = self.output(y.transpose(1, 2).reshape(B, T, C))
-        return out if cache is None else (out, kv)
+        return out if cache is None else (out, cache)

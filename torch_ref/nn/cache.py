@@ -16,7 +16,8 @@ import torch
 
 @dataclasses.dataclass
 class LayerCache:
-    """One attention's keys and values, heads-first ``(B, nh, L, hs)``."""
+    """One attention's keys and values, ``(B * nh, L, hs)`` (row ``b``'s heads at ``b * nh ...
+    b * nh + nh - 1``)."""
 
     key: torch.Tensor
     value: torch.Tensor
@@ -54,9 +55,14 @@ class Seq2SeqCache:
 
 def map_rows(cache: GPTCache | Seq2SeqCache, fn: Callable) -> GPTCache | Seq2SeqCache:
     """``fn(tensor, axis)`` on every per-row tensor of ``cache``, ``axis`` being its batch axis
-    (always 0 here); the int ``index`` is kept."""
+    (always 0 here; keys and values are seen as ``(B, nh, L, hs)``, their rows and heads split
+    apart, joined again after); the int ``index`` is kept."""
+    B = cache.mask.shape[0]
 
     def rows(x):
+        if isinstance(x, LayerCache):
+            return LayerCache(*(fn(t.view(B, -1, *t.shape[1:]), 0).flatten(0, 1)
+                                for t in (x.key, x.value)))
         if isinstance(x, torch.Tensor):
             return fn(x, 0)
         if isinstance(x, tuple):
