@@ -151,7 +151,7 @@ def test_cache_calls_refuse_what_does_not_fit():
                 model.decode(wrap(ids[:, :1]), memory, cache=cache)
 
 
-@pytest.mark.parametrize("family, rows", [("gpt", 1), ("gpt", 2), ("encoder_decoder", 1)])
+@pytest.mark.parametrize(("family", "rows"), [("gpt", 1), ("gpt", 2), ("encoder_decoder", 1)])
 def test_generation_loop_updates_the_cache_in_place(monkeypatch, family, rows):
     """The compiled generation program copies no key or value cache: each step writes its slot
     in place and attention's products read the cache as it lies. With the cache stored as

@@ -72,8 +72,8 @@ def cache_mask(valid, cache_index, q_len: int) -> torch.Tensor:
 
 class MultiHeadAttention(nn.Module):
     """Twin of jaxformer's, cache included: a ``LayerCache`` of ``(B * nh, L, hs)`` keys and
-    values (viewed as ``(B, nh, L, hs)`` for attention), which a self-attention call writes its slots into in place (torch's idiom; jaxformer
-    returns new arrays) before returning it."""
+    values (viewed as ``(B, nh, L, hs)`` for attention), which a self-attention call writes its
+    slots into in place (torch's idiom; jaxformer returns new arrays) before returning it."""
 
     def __init__(self, config):
         super().__init__()
