@@ -119,6 +119,12 @@ def cpu_weight_gradients() -> bool:
     return _cpu_rule("JAXFORMER_CPU_WEIGHT_GRADIENTS")
 
 
+# the most query vectors a tied LM head multiplies by its table as it lies inside generation
+# (``jaxformer.nn.params.use_vector_head``): 1.36-1.8x XLA:CPU's product as stored at 2-32 rows,
+# 0.8-0.9x at 48 (docs/performance.md, "A few rows")
+VECTOR_HEAD_ROWS = 32
+
+
 def cpu_vector_head() -> bool:
     """Whether a tied LM head given one query vector multiplies the table by it as the table
     lies (``jaxformer.nn.params.Embed.attend``)."""

@@ -125,6 +125,8 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
             "the product by an (out, in) copy that vector_kernels makes; torch's are stored so",
         (JAX, "function use_vector_kernels"):
             "hands vector_kernels' copies to the modules of a model merged inside generation",
+        (JAX, "function use_vector_head"):
+            "lets generation's tied heads multiply a few rows by the table as it lies (XLA:CPU)",
         (JAX, "function kept_vector_kernels"):
             "vector_kernels made once per model and kept while its weights stay the same",
         (TORCH, "function init_weights"):

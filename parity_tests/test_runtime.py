@@ -242,6 +242,39 @@ def test_a_single_query_vector_multiplies_the_table_as_it_lies(query_shape, vect
     assert first_operands("1") == (by_table if vector else by_query)
 
 
+
+@pytest.mark.parametrize(("query_shape", "by_table"), [((2, 32), True), ((3, 2, 32), True),
+                                                      ((32, 1, 32), True), ((33, 32), False)])
+def test_a_few_query_vectors_in_generation_multiply_the_table_as_it_lies(query_shape, by_table):
+    """Inside generation (``params.use_vector_head``) a tied LM head given at most
+    ``runtime.VECTOR_HEAD_ROWS`` query vectors (a step's rows and beams) computes ``(table .
+    query^T)^T`` on the CPU, the transposed product kept apart by a barrier; more rows, or the
+    same rows outside generation, keep ``query . table^T``. The logits of a float64 reference,
+    in the query's shape, either way."""
+    from flax import nnx
+
+    from jaxformer.nn import params
+
+    table = params.embedding(101, GPTConfig.tiny(), names=("vocab", "embed"), rngs=nnx.Rngs(0))
+    query = np.random.RandomState(3).standard_normal(query_shape).astype(np.float32)
+    expected = query.astype(np.float64) @ np.asarray(table.embedding[...], np.float64).T
+
+    def first_operands():
+        logits = np.asarray(jax.jit(table.attend)(query))
+        assert logits.shape == query_shape[:-1] + (101,)
+        # 32-term float32 dot products, as in the single-vector test: measured (2026-11-29,
+        # AVX-512 EPYC; default, capped to AVX2 and to AVX, 2 threads and one core) at most 0.21
+        # of this allowance (0.19 natively, 0.21 capped to AVX)
+        np.testing.assert_allclose(logits, expected, rtol=1e-6, atol=2e-7)
+        jaxpr = jax.make_jaxpr(table.attend)(query).jaxpr
+        return [e.invars[0].aval.shape for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+
+    assert first_operands() == [query_shape]  # outside generation
+    params.use_vector_head(table)
+    assert table._vector_rows == runtime.VECTOR_HEAD_ROWS == 32
+    assert first_operands() == ([(101, 32)] if by_table and jax.default_backend() == "cpu"
+                                else [query_shape])
+
 def test_cudnn_attention_switches(monkeypatch):
     """"auto" tries cuDNN on a CUDA GPU of compute capability 8.0 or more, without a mesh, unless
     told otherwise; never where the first device is not a CUDA GPU; the mask types are on unless

@@ -54,6 +54,7 @@ def _search(step_fn, logits, cache, prompt, options, values, stream_id):
 def _generate_gpt(graphdef, state, copies, input_ids, attention_mask, values, stream_id, *,
                   options):
     model = nnx.merge(graphdef, state)
+    params.use_vector_head(model)
     B, P = input_ids.shape
     cache = model.init_cache(B, P + options.max_new_tokens)
     hidden, cache = model.hidden_states(input_ids, attention_mask, cache=cache)
@@ -72,6 +73,7 @@ def _generate_gpt(graphdef, state, copies, input_ids, attention_mask, values, st
 def _generate_seq2seq(graphdef, state, copies, src_ids, src_mask, decoder_start_token_id,
                       values, stream_id, *, options):
     model = nnx.merge(graphdef, state)
+    params.use_vector_head(model)
     B = src_ids.shape[0]
     memory = model.encode(src_ids, src_mask)
     cache = model.init_cache(memory, 1 + options.max_new_tokens, src_mask)

@@ -127,6 +127,17 @@ def use_vector_kernels(model: nnx.Module, copies: dict[str, dict[str, jax.Array 
             setattr(module, name, value)
 
 
+def use_vector_head(model: nnx.Module) -> None:
+    """Let each tied LM head of ``model`` (merged inside a traced generation program) take up to
+    ``runtime.VECTOR_HEAD_ROWS`` query vectors as ``(table . query^T)^T`` (``Embed.attend``):
+    XLA:CPU's product of a few rows by the table as stored streams it at about half the speed of
+    the table as it lies (docs/performance.md). Generation only: training and scoring keep the
+    plain product, whatever their batch."""
+    for _, module in nnx.iter_graph(model):
+        if isinstance(module, Embed):
+            module._vector_rows = runtime.VECTOR_HEAD_ROWS
+
+
 @functools.partial(jax.jit, static_argnames="graphdef")
 def _make_vector_kernels(graphdef, state):
     return vector_kernels(nnx.merge(graphdef, state))
@@ -195,15 +206,26 @@ class Embed(nnx.Embed):
             out = _take(table, ids)
         return constrain(out, ("batch",) + (None,) * (ids.ndim - 1) + ("hidden",))
 
+    _vector_rows: int = 1  # set by use_vector_head
+
     def attend(self, query, out_sharding=None):
         """The tied LM head, ``(..., features) -> (..., num_embeddings)``: ``query . table^T``.
-        A single query vector (batch-1 decoding) on the CPU is ``table . query`` instead, the
-        table read as it lies (``runtime.cpu_vector_head``): the same products and sums. An
-        explicit ``out_sharding`` keeps the plain product, which takes it."""
+        On the CPU (``runtime.cpu_vector_head``) a single query vector (batch-1 decoding) is
+        ``table . query`` instead, the table read as it lies: the same products and sums. Inside
+        generation (:func:`use_vector_head`) a few query vectors, up to
+        ``runtime.VECTOR_HEAD_ROWS`` (a step's rows and beams), are ``(table . query^T)^T``, the
+        product's transpose kept apart (a barrier: XLA would fold it back into the slower
+        layout); float32 rounding apart, the same logits. An explicit ``out_sharding`` keeps the
+        plain product, which takes it."""
         query, table = self.promote_dtype((query, self.embedding[...]), dtype=self.dtype)
-        if out_sharding is None and math.prod(query.shape[:-1]) == 1 and runtime.cpu_vector_head():
-            logits = jnp.dot(table, query.reshape(-1))
-            return logits.reshape(query.shape[:-1] + logits.shape)
+        rows = math.prod(query.shape[:-1])
+        if out_sharding is None and rows <= self._vector_rows and runtime.cpu_vector_head():
+            if rows == 1:
+                logits = jnp.dot(table, query.reshape(-1))
+            else:
+                logits = jnp.einsum("vc,nc->vn", table, query.reshape(rows, -1))
+                logits = jax.lax.optimization_barrier(logits).T
+            return logits.reshape(query.shape[:-1] + logits.shape[-1:])
         return jnp.dot(query, table.T, out_sharding=out_sharding)
 
 
