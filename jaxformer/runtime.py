@@ -119,10 +119,11 @@ def cpu_weight_gradients() -> bool:
     return _cpu_rule("JAXFORMER_CPU_WEIGHT_GRADIENTS")
 
 
-# the most query vectors a tied LM head multiplies by its table as it lies inside generation
-# (``jaxformer.nn.params.use_vector_head``): 1.36-1.8x XLA:CPU's product as stored at 2-32 rows,
-# 0.8-0.9x at 48 (docs/performance.md, "A few rows")
-VECTOR_HEAD_ROWS = 32
+# the most rows a generation step multiplies by weights as they lie, copies of the layers'
+# kernels (``cpu_vector_kernels``) and a tied LM head's table (``jaxformer.nn.params.
+# use_vector_head``): the head's product 1.36-1.8x XLA:CPU's as stored at 2-32 rows, 0.8-0.9x at
+# 48; the layers' 1.4-1.6x at 2-32 (docs/performance.md, "A few rows")
+VECTOR_ROWS = 32
 
 
 def cpu_vector_head() -> bool:
@@ -135,9 +136,9 @@ VECTOR_KERNEL_MIN_TOKENS = 32
 
 
 def cpu_vector_kernels() -> bool:
-    """Whether generating one row multiplies by copies of weights in a faster layout, made by a
-    call of at least ``VECTOR_KERNEL_MIN_TOKENS`` tokens and kept with the model
-    (``jaxformer.nn.params.kept_vector_kernels``)."""
+    """Whether generating at most ``VECTOR_ROWS`` rows a step multiplies by copies of weights in
+    a faster layout, made by a call of at least ``VECTOR_KERNEL_MIN_TOKENS`` tokens and kept with
+    the model (``jaxformer.nn.params.kept_vector_kernels``)."""
     return _cpu_rule("JAXFORMER_CPU_VECTOR_KERNELS")
 
 

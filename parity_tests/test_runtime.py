@@ -247,7 +247,7 @@ def test_a_single_query_vector_multiplies_the_table_as_it_lies(query_shape, vect
                                                       ((32, 1, 32), True), ((33, 32), False)])
 def test_a_few_query_vectors_in_generation_multiply_the_table_as_it_lies(query_shape, by_table):
     """Inside generation (``params.use_vector_head``) a tied LM head given at most
-    ``runtime.VECTOR_HEAD_ROWS`` query vectors (a step's rows and beams) computes ``(table .
+    ``runtime.VECTOR_ROWS`` query vectors (a step's rows and beams) computes ``(table .
     query^T)^T`` on the CPU, the transposed product kept apart by a barrier; more rows, or the
     same rows outside generation, keep ``query . table^T``. The logits of a float64 reference,
     in the query's shape, either way."""
@@ -271,7 +271,7 @@ def test_a_few_query_vectors_in_generation_multiply_the_table_as_it_lies(query_s
 
     assert first_operands() == [query_shape]  # outside generation
     params.use_vector_head(table)
-    assert table._vector_rows == runtime.VECTOR_HEAD_ROWS == 32
+    assert table._vector_rows == runtime.VECTOR_ROWS == 32
     assert first_operands() == ([(101, 32)] if by_table and jax.default_backend() == "cpu"
                                 else [query_shape])
 
@@ -314,8 +314,9 @@ def _dot_generals(jaxpr) -> list:
 def test_a_narrowing_linear_layer_multiplies_by_its_vector_kernel_as_it_lies(input_shape):
     """``params.vector_kernels`` gives a narrowing linear layer (more inputs than outputs) an
     ``(out, in)`` copy of its kernel (docs/performance.md, "Decoding at batch 1"): the layer's
-    one product then takes that copy as it lies and gives the float64 reference's output, as the
-    stored kernel does. A widening or square layer keeps its kernel (no faster there)."""
+    one product then takes that copy as it lies, for one row or several, and gives the float64
+    reference's output, as the stored kernel does. A widening or square layer keeps its kernel
+    (no faster for one row), and gets a copy too with ``widening`` (for a few rows)."""
     from flax import nnx
 
     from jaxformer.nn.params import linear, use_vector_kernels, vector_kernels
@@ -332,7 +333,8 @@ def test_a_narrowing_linear_layer_multiplies_by_its_vector_kernel_as_it_lies(inp
     def output_and_matrix(module, v):
         out = np.asarray(module(v))
         (dot,) = _dot_generals(jax.make_jaxpr(lambda u: module(u))(v).jaxpr)
-        return out, [u.aval.shape for u in dot.invars if u.aval.shape != v.shape]
+        rows = (v.shape, (int(np.prod(v.shape[:-1])), v.shape[-1]))
+        return out, [u.aval.shape for u in dot.invars if u.aval.shape not in rows]
 
     stored, stored_matrix = output_and_matrix(layer, x)
     for module in [layer, *others]:
@@ -350,6 +352,8 @@ def test_a_narrowing_linear_layer_multiplies_by_its_vector_kernel_as_it_lies(inp
     for module in others:
         kernel = module.kernel[...]
         assert output_and_matrix(module, x[..., :kernel.shape[0]])[1] == [kernel.shape]
+        use_vector_kernels(module, vector_kernels(module, widening=True))
+        assert output_and_matrix(module, x[..., :kernel.shape[0]])[1] == [kernel.shape[::-1]]
 
 
 def test_cached_self_attention_projects_one_row_by_one_matrix():
@@ -411,12 +415,14 @@ def _spy_kept_copies(monkeypatch) -> list:
     return calls
 
 
-def test_vector_kernels_serve_long_single_row_generation_only(monkeypatch):
-    """The loop's layers get kernel copies for one row (one prompt, no beams): on the CPU by
-    default, wherever ``JAXFORMER_CPU_VECTOR_KERNELS=1``, nowhere with it off; never for two rows
-    or two beams (there the products are not matrix-vector ones). A call of at least
-    ``VECTOR_KERNEL_MIN_TOKENS`` tokens makes them; a shorter one makes none (it would not repay
-    them) but uses those an earlier call made; a call of one token has no steps."""
+def test_vector_kernels_serve_long_generation_of_a_few_rows(monkeypatch):
+    """The loop's layers get kernel copies for at most ``runtime.VECTOR_ROWS`` rows a step
+    (prompts times beams): on the CPU by default, wherever ``JAXFORMER_CPU_VECTOR_KERNELS=1``,
+    nowhere with it off. For one row the narrowing layers' and the joined query/key/value; for
+    more, every linear layer's (made again, wider, if only the one-row set was kept; a later
+    one-row call keeps the wider set). A call of at least ``VECTOR_KERNEL_MIN_TOKENS`` tokens
+    makes them; a shorter one makes none (it would not repay them) but uses those an earlier call
+    made; a call of one token has no steps."""
     from flax import nnx
 
     from jaxformer.generation import checks, decoding
@@ -426,26 +432,41 @@ def test_vector_kernels_serve_long_single_row_generation_only(monkeypatch):
     graphdef, state = nnx.split(model)
     new = runtime.VECTOR_KERNEL_MIN_TOKENS
 
-    def applied(switch, rows=1, **kwargs):
+    def copies(switch, rows=1, **kwargs):
         if switch is None:
             monkeypatch.delenv("JAXFORMER_CPU_VECTOR_KERNELS", raising=False)
         else:
             monkeypatch.setenv("JAXFORMER_CPU_VECTOR_KERNELS", switch)
         kwargs = dict(dict(max_new_tokens=new), **kwargs)
         options, _ = checks.check_generate(vocab_size=29, **kwargs)
-        return bool(decoding._vector_steps(model, graphdef, state, rows, options))
+        return decoding._vector_steps(model, graphdef, state, rows, options)
+
+    def applied(*args, **kwargs):
+        return bool(copies(*args, **kwargs))
+
+    def widening(made):  # the first feed-forward matrix (it widens) has a copy
+        return any(path.endswith("feed_forward/fc1") for path in made)
 
     assert not applied("1", max_new_tokens=new - 1)  # nothing made yet
     assert not applied("0")
     assert applied(None) == (jax.default_backend() == "cpu")
-    assert applied("1")
+    one = copies("1")
+    assert one
+    assert not widening(one)
     assert applied("1", max_new_tokens=4 * new)
     assert applied("1", max_new_tokens=2)  # the copies made above
     assert not applied("0")
     assert not applied("0", max_new_tokens=2)
     assert not applied("1", max_new_tokens=1)
-    assert not applied("1", rows=2)
-    assert not applied("1", num_beams=2)
+    assert copies("1", rows=2, max_new_tokens=2) is one  # too short to make the wider set
+    wide = copies("1", rows=2)
+    assert widening(wide)
+    assert copies("1") is wide  # one row keeps the wider set
+    assert copies("1", num_beams=2) is wide
+    assert copies("1", rows=runtime.VECTOR_ROWS // 2, num_beams=2) is wide
+    assert not applied("1", rows=runtime.VECTOR_ROWS + 1)
+    assert not applied("1", rows=runtime.VECTOR_ROWS // 2 + 1, num_beams=2)
+    assert not applied("0", rows=2)
 
 
 def _generation_model(family):
@@ -463,35 +484,46 @@ def _generation_model(family):
     return model, extra
 
 
-@pytest.mark.parametrize("family", ["gpt", "seq2seq"])
-def test_generation_with_vector_kernels_gives_the_stored_kernels_tokens(family, monkeypatch):
+@pytest.mark.parametrize(("family", "rows", "beams"), [("gpt", 1, 1), ("seq2seq", 1, 1),
+                                                      ("gpt", 3, 1), ("seq2seq", 2, 2)])
+def test_generation_with_vector_kernels_gives_the_stored_kernels_tokens(family, rows, beams,
+                                                                        monkeypatch):
     """The same tokens with the loop's kernel copies as with the stored kernels (the same
-    products and sums). The copies are the steps' modules' only: the decoder's self-attention
-    and narrowing layers, never the encoder's (it runs once, before the loop) nor a
-    cross-attention's query, key and value (it reads its cached context)."""
+    products; for several rows summed in another order). The copies are the steps' modules'
+    only: the decoder's self-attention and narrowing layers (for several rows every linear layer
+    of theirs), never the encoder's (it runs once, before the loop) nor a cross-attention's (it
+    reads its cached context), nor the query, key and value layers the joined copy replaces."""
     from jaxformer.generation import generate
 
     model, extra = _generation_model(family)
-    ids = np.random.RandomState(5).randint(3, 20, (1, 6)).astype(np.int32)
+    ids = np.random.RandomState(5).randint(3, 20, (rows, 6)).astype(np.int32)
     kept = _spy_kept_copies(monkeypatch)
     tokens = {}
     for switch in ("0", "1"):
         monkeypatch.setenv("JAXFORMER_CPU_VECTOR_KERNELS", switch)
         kept.clear()
         new = runtime.VECTOR_KERNEL_MIN_TOKENS
-        tokens[switch] = np.asarray(generate(model, ids, max_new_tokens=new, **extra))
+        tokens[switch] = np.asarray(generate(model, ids, max_new_tokens=new, num_beams=beams,
+                                             **extra))
         assert len(kept) == (switch == "1")
     assert tokens["1"].shape[1] > runtime.VECTOR_KERNEL_MIN_TOKENS
     np.testing.assert_array_equal(tokens["1"], tokens["0"])
     layers = (model.config.num_layers if family == "gpt"
               else model.config.num_decoder_layers)
     attentions = sorted(path for path, made in kept[0].items() if "_qkv_kernel" in made)
-    narrowing = sorted(path for path, made in kept[0].items() if "_vector_kernel" in made)
+    linears = sorted(path for path, made in kept[0].items() if "_vector_kernel" in made)
+
+    def count(suffix):
+        return len([path for path in linears if path.endswith(suffix)])
+
     assert len(attentions) == layers
-    assert len([path for path in narrowing if path.endswith("feed_forward/fc2")]) == layers
     assert all(path.endswith("attention") for path in attentions)
-    if family == "seq2seq":  # the tiny config's untied head (32 -> 24) narrows: it has a copy
-        assert not any(path.startswith("encoder/") for path in attentions + narrowing)
+    assert count("feed_forward/fc2") == layers
+    widening = rows * beams > 1
+    assert count("feed_forward/fc1") == count("attention/output") == layers * widening
+    assert not any(path.endswith(("/query", "/key", "/value")) or "cross_attention" in path
+                   or path.startswith("encoder/") for path in linears + attentions)
+    if family == "seq2seq":
         assert all(path.endswith("/self_attention") for path in attentions)
 
 

@@ -22,14 +22,15 @@ from jaxformer.nn import params
 
 
 def _vector_steps(model, graphdef, state, rows: int, options) -> dict:
-    """One row on the CPU (``runtime.cpu_vector_kernels``): copies of weights in a faster layout,
-    kept with the model (``params.kept_vector_kernels``), which the loop multiplies by; the
-    prefill and the encoder keep the stored ones. A call of fewer than
+    """At most ``runtime.VECTOR_ROWS`` rows a step (prompts times beams) on the CPU
+    (``runtime.cpu_vector_kernels``): copies of weights in a faster layout, kept with the model
+    (``params.kept_vector_kernels``; for more than one row every linear layer's), which the loop
+    multiplies by; the prefill and the encoder keep the stored ones. A call of fewer than
     ``VECTOR_KERNEL_MIN_TOKENS`` tokens uses the copies an earlier call made, but makes none
     (it would not repay them). ``{}`` otherwise."""
-    steps = options.max_new_tokens
-    if rows * options.num_beams == 1 and steps > 1 and runtime.cpu_vector_kernels():
-        return params.kept_vector_kernels(model, graphdef, state,
+    steps, step_rows = options.max_new_tokens, rows * options.num_beams
+    if step_rows <= runtime.VECTOR_ROWS and steps > 1 and runtime.cpu_vector_kernels():
+        return params.kept_vector_kernels(model, graphdef, state, widening=step_rows > 1,
                                           make=steps >= runtime.VECTOR_KERNEL_MIN_TOKENS)
     return {}
 

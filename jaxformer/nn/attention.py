@@ -234,14 +234,16 @@ class MultiHeadAttention(nnx.Module):
         self.attention_dropout = nnx.Dropout(config.attention_dropout_rate, rngs=rngs)
         self.implementation = config.attention_implementation
 
+    _no_vector_steps = ("query", "key", "value")  # vector_copies joins them into one matrix
     # set by params.use_vector_kernels
     _qkv_kernel: jax.Array | None = None
     _qkv_bias: jax.Array | None = None
 
-    def vector_copies(self) -> dict[str, jax.Array | None]:
+    def vector_copies(self, widening: bool = False) -> dict[str, jax.Array | None]:
         """The query, key and value kernels as one ``(3C, C)`` matrix (and their biases as one
-        vector) for cached self-attention over one row (``params.vector_kernels``): XLA:CPU
-        streams that product faster than three ``(C, C)`` ones as stored. 2-D kernels only."""
+        vector) for cached self-attention over one row or a few (``params.vector_kernels``;
+        ``widening`` changes nothing here): XLA:CPU streams that product faster than three
+        ``(C, C)`` ones as stored. 2-D kernels only."""
         projections = (self.query, self.key, self.value)
         kernels = [p.kernel[...] for p in projections]
         if any(k.ndim != 2 for k in kernels):

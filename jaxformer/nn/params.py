@@ -65,12 +65,13 @@ class _Linear(nnx.Linear):
 
     _vector_kernel: jax.Array | None = None  # set by use_vector_kernels
 
-    def vector_copies(self) -> dict[str, jax.Array]:
+    def vector_copies(self, widening: bool = False) -> dict[str, jax.Array]:
         """A narrowing layer's (more inputs than outputs: the second feed-forward matrix) kernel
-        copied as ``(out, in)`` (``vector_kernels``); 2-D kernels only, a scanned stack's are
-        left as they are."""
+        copied as ``(out, in)`` (``vector_kernels``), every layer's with ``widening`` (for a few
+        rows: there XLA:CPU's product by the stored layout is slower for any shape); 2-D kernels
+        only, a scanned stack's are left as they are."""
         kernel = self.kernel[...]
-        if kernel.ndim == 2 and kernel.shape[0] > kernel.shape[1]:
+        if kernel.ndim == 2 and (widening or kernel.shape[0] > kernel.shape[1]):
             return {"_vector_kernel": kernel.T}
         return {}
 
@@ -93,28 +94,37 @@ class _Linear(nnx.Linear):
 
 def vector_product(x, kernel, bias=None):
     """``x @ kernel.T + bias`` for an ``(out, in)`` kernel copy (``vector_kernels``), the copy
-    read as it lies."""
-    y = jnp.einsum("oi,...i->...o", kernel, x)
+    read as it lies: one row as ``kernel . x``, a few as ``(kernel . x^T)^T``, the product's
+    transpose kept apart (a barrier: XLA would fold it back into the slower layout)."""
+    rows = math.prod(x.shape[:-1])
+    if rows == 1:
+        y = jnp.einsum("oi,...i->...o", kernel, x)
+    else:
+        y = jax.lax.optimization_barrier(jnp.einsum("oi,ni->on", kernel, x.reshape(rows, -1)))
+        y = y.T.reshape(x.shape[:-1] + y.shape[:1])
     return y + bias if bias is not None else y
 
 
-def vector_kernels(model: nnx.Module) -> dict[str, dict[str, jax.Array | None]]:
-    """Copies of weights for products of one row (batch-1 decoding on the CPU,
+def vector_kernels(model: nnx.Module, *,
+                   widening: bool = False) -> dict[str, dict[str, jax.Array | None]]:
+    """Copies of weights for products of one row or a few (decoding on the CPU,
     ``runtime.cpu_vector_kernels``), ``{module path: {attribute: copy}}``: every module of
     ``model`` with a ``vector_copies`` method makes its own, a narrowing linear layer its kernel as
-    ``(out, in)`` (``_Linear.vector_copies``), self-attention its query, key and value kernels as
-    one ``(3C, C)`` matrix (``attention.MultiHeadAttention.vector_copies``). XLA:CPU streams
-    those matrix-vector products faster (docs/performance.md). The same products and sums, once
-    :func:`use_vector_kernels` hands the copies to the modules. A module whose class lists
-    children in ``_no_vector_steps`` (an encoder run once per call, a cross-attention that reads
-    its cached context) leaves their modules without copies."""
+    ``(out, in)`` (``_Linear.vector_copies``; with ``widening``, every linear layer), self-attention
+    its query, key and value kernels as one ``(3C, C)`` matrix
+    (``attention.MultiHeadAttention.vector_copies``). XLA:CPU streams those products faster
+    (docs/performance.md). The same products, once :func:`use_vector_kernels` hands the copies to
+    the modules. A module whose class lists children in ``_no_vector_steps`` (an encoder run once
+    per call, a cross-attention that reads its cached context, the query, key and value layers
+    that the joined copy replaces) leaves their modules without copies."""
     graph = list(nnx.iter_graph(model))
     skipped = [path + (name,) for path, module in graph
                for name in getattr(module, "_no_vector_steps", ())]
     copies = {}
     for path, module in graph:
         make = getattr(module, "vector_copies", None)
-        if callable(make) and not any(path[:len(p)] == p for p in skipped) and (made := make()):
+        if (callable(make) and not any(path[:len(p)] == p for p in skipped)
+                and (made := make(widening))):
             copies["/".join(map(str, path))] = made
     return copies
 
@@ -129,40 +139,44 @@ def use_vector_kernels(model: nnx.Module, copies: dict[str, dict[str, jax.Array 
 
 def use_vector_head(model: nnx.Module) -> None:
     """Let each tied LM head of ``model`` (merged inside a traced generation program) take up to
-    ``runtime.VECTOR_HEAD_ROWS`` query vectors as ``(table . query^T)^T`` (``Embed.attend``):
+    ``runtime.VECTOR_ROWS`` query vectors as ``(table . query^T)^T`` (``Embed.attend``):
     XLA:CPU's product of a few rows by the table as stored streams it at about half the speed of
     the table as it lies (docs/performance.md). Generation only: training and scoring keep the
     plain product, whatever their batch."""
     for _, module in nnx.iter_graph(model):
         if isinstance(module, Embed):
-            module._vector_rows = runtime.VECTOR_HEAD_ROWS
+            module._vector_rows = runtime.VECTOR_ROWS
 
 
-@functools.partial(jax.jit, static_argnames="graphdef")
-def _make_vector_kernels(graphdef, state):
-    return vector_kernels(nnx.merge(graphdef, state))
+@functools.partial(jax.jit, static_argnames=("graphdef", "widening"))
+def _make_vector_kernels(graphdef, state, widening):
+    return vector_kernels(nnx.merge(graphdef, state), widening=widening)
 
 
-# model -> (weak references to the state's arrays the copies were made from, the copies)
+# model -> (weak references to the state's arrays the copies were made from, the copies,
+# whether they include the widening layers')
 _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def kept_vector_kernels(model: nnx.Module, graphdef, state, *,
-                        make: bool = True) -> dict[str, dict[str, jax.Array | None]]:
+def kept_vector_kernels(model: nnx.Module, graphdef, state, *, make: bool = True,
+                        widening: bool = False) -> dict[str, dict[str, jax.Array | None]]:
     """:func:`vector_kernels` of ``model`` (split as ``graphdef, state``), made once and kept with
     the model for as long as it lives, until its state holds other arrays (new weights: trained,
-    loaded or replaced, which makes new arrays), when they are made again. GPT-2 small's: 198 MB.
-    Decoding takes its copies here, so only the ``generate`` call that makes them pays for them.
-    ``make=False``: the kept copies if they are current, else ``{}`` (nothing is made)."""
+    loaded or replaced, which makes new arrays), when they are made again; asked for
+    ``widening`` ones, copies kept without them are made again with them (and serve later calls
+    of one row too). GPT-2 small's: 198 MB, 340 MB with the widening layers'. Decoding takes its
+    copies here, so only the ``generate`` call that makes them pays for them. ``make=False``: the
+    kept copies if they are current, else ``{}`` (nothing is made)."""
     leaves = jax.tree.leaves(state)
     kept = _KEPT.get(model)
     if kept is not None and len(kept[0]) == len(leaves) and all(
-            ref() is leaf for ref, leaf in zip(kept[0], leaves)):
+            ref() is leaf for ref, leaf in zip(kept[0], leaves)) and (
+            kept[2] or not widening or not make):  # current, and wide enough or not to be made
         return kept[1]
     if not make:
         return {}
-    copies = _make_vector_kernels(graphdef, state)
-    _KEPT[model] = ([weakref.ref(leaf) for leaf in leaves], copies)
+    copies = _make_vector_kernels(graphdef, state, widening)
+    _KEPT[model] = ([weakref.ref(leaf) for leaf in leaves], copies, widening)
     return copies
 
 
@@ -213,7 +227,7 @@ class Embed(nnx.Embed):
         On the CPU (``runtime.cpu_vector_head``) a single query vector (batch-1 decoding) is
         ``table . query`` instead, the table read as it lies: the same products and sums. Inside
         generation (:func:`use_vector_head`) a few query vectors, up to
-        ``runtime.VECTOR_HEAD_ROWS`` (a step's rows and beams), are ``(table . query^T)^T``, the
+        ``runtime.VECTOR_ROWS`` (a step's rows and beams), are ``(table . query^T)^T``, the
         product's transpose kept apart (a barrier: XLA would fold it back into the slower
         layout); float32 rounding apart, the same logits. An explicit ``out_sharding`` keeps the
         plain product, which takes it."""
