@@ -121,9 +121,9 @@ def cpu_weight_gradients() -> bool:
 
 # the most rows a generation step multiplies by weights as they lie, copies of the layers'
 # kernels (``cpu_vector_kernels``) and a tied LM head's table (``jaxformer.nn.params.
-# use_vector_head``): the head's product 1.36-1.8x XLA:CPU's as stored at 2-32 rows, 0.8-0.9x at
-# 48; the layers' 1.4-1.6x at 2-32 (docs/performance.md, "A few rows")
-VECTOR_ROWS = 32
+# use_vector_head``): GPT-2 small's step 1.26-1.32x at 2-16 rows; a MarianMT-sized beam search
+# 1.02-1.10x at 4-16 rows but 0.96x at 32 (docs/performance.md, "A few rows")
+VECTOR_ROWS = 16
 
 
 def cpu_vector_head() -> bool:

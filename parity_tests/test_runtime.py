@@ -244,7 +244,7 @@ def test_a_single_query_vector_multiplies_the_table_as_it_lies(query_shape, vect
 
 
 @pytest.mark.parametrize(("query_shape", "by_table"), [((2, 32), True), ((3, 2, 32), True),
-                                                      ((32, 1, 32), True), ((33, 32), False)])
+                                                      ((16, 1, 32), True), ((17, 32), False)])
 def test_a_few_query_vectors_in_generation_multiply_the_table_as_it_lies(query_shape, by_table):
     """Inside generation (``params.use_vector_head``) a tied LM head given at most
     ``runtime.VECTOR_ROWS`` query vectors (a step's rows and beams) computes ``(table .
@@ -271,7 +271,7 @@ def test_a_few_query_vectors_in_generation_multiply_the_table_as_it_lies(query_s
 
     assert first_operands() == [query_shape]  # outside generation
     params.use_vector_head(table)
-    assert table._vector_rows == runtime.VECTOR_ROWS == 32
+    assert table._vector_rows == runtime.VECTOR_ROWS == 16
     assert first_operands() == ([(101, 32)] if by_table and jax.default_backend() == "cpu"
                                 else [query_shape])
 
