@@ -10,22 +10,26 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   ``table . query``, a matrix-vector product over the ``(vocab, hidden)`` table as it lies,
   instead of ``query . table^T``: inside the generation loop XLA:CPU fused a transposed copy of
   the whole table with that product, or copied the table transposed in every step (GPT-2 small:
-  a decode step 1.1-1.3x faster; a MarianMT-sized encoder-decoder 7x). On by default on the CPU
-  backend, off elsewhere and under a device mesh; ``JAXFORMER_CPU_VECTOR_HEAD=0`` turns it off,
-  ``=1`` forces it.
+  a decode step 1.1-1.3x faster; a MarianMT-sized encoder-decoder 7x). Inside generation, 2 to
+  ``VECTOR_ROWS`` query vectors (a step's rows and beams) are ``(table . query^T)^T`` behind a
+  barrier (1.1-1.3x a step). On by default on the CPU backend, off elsewhere and under a device
+  mesh; ``JAXFORMER_CPU_VECTOR_HEAD=0`` turns it off, ``=1`` forces it.
 - :func:`cpu_vector_kernels`: generation of one row for at least ``VECTOR_KERNEL_MIN_TOKENS``
   new tokens multiplies, in each step, by copies of some weights in the layout XLA:CPU streams a
   matrix-vector product fastest from, made once per model and kept with it while its weights
-  stay the same (``jaxformer.nn.params.kept_vector_kernels``): the narrowing
-  linear kernels (more inputs than outputs: the second feed-forward matrix) as ``(out, in)``,
-  about 1.5x faster than the ``(in, out)`` the parameters keep, and self-attention's query, key
-  and value kernels as one ``(3C, C)`` matrix (GPT-2's widths: 1.4x faster than three ``(C,
-  C)`` products as stored); widening kernels stay as they are (an AVX-512 EPYC: no gain, or a
-  loss). The copies hold memory while the model lives (GPT-2 small: 198 MB), and the call that
-  makes them pays for it, hence the minimum: a shorter call makes none but uses those an earlier
-  call made. On by default on the CPU backend, off elsewhere and under a device mesh; read when
-  ``generate`` is called; ``JAXFORMER_CPU_VECTOR_KERNELS=0`` turns it off, ``=1`` forces it (the
-  minimum still holds).
+  stay the same (``jaxformer.nn.params.kept_vector_kernels``): the narrowing linear kernels
+  (more inputs than outputs: the second feed-forward matrix) as ``(out, in)``, about 1.5x faster
+  than the ``(in, out)`` the parameters keep, and self-attention's query, key and value kernels
+  as one ``(3C, C)`` matrix (GPT-2's widths: 1.4x faster than three ``(C, C)`` products as
+  stored); widening kernels stay as they are for one row (no gain, or a loss). From 2 to
+  ``VECTOR_ROWS`` rows a step (prompts times beams) every linear kernel of the steps' layers is
+  copied as ``(out, in)`` and multiplied as ``(W . x^T)^T`` (XLA:CPU's product of a few rows by
+  the stored layout streams at about half the speed; GPT-2 small's step 1.26-1.32x). The copies
+  hold memory while the model lives (GPT-2 small: 198 MB, 340 MB once a call of several rows
+  made the wider set), and the call that makes them pays for it, hence the minimum: a shorter
+  call makes none but uses those an earlier call made. On by default on the CPU backend, off
+  elsewhere and under a device mesh; read when ``generate`` is called;
+  ``JAXFORMER_CPU_VECTOR_KERNELS=0`` turns it off, ``=1`` forces it (the minimum still holds).
 - :func:`tune_allocator`: glibc's ``malloc`` gives every large block back to the kernel on
   ``free`` and takes it again on the next ``malloc`` (XLA:CPU frees tens to hundreds of MB of
   scratch per call: thousands of page faults per step). ``mallopt`` makes it keep them. A thread
@@ -127,8 +131,8 @@ VECTOR_ROWS = 16
 
 
 def cpu_vector_head() -> bool:
-    """Whether a tied LM head given one query vector multiplies the table by it as the table
-    lies (``jaxformer.nn.params.Embed.attend``)."""
+    """Whether a tied LM head given one query vector (or, inside generation, a few) multiplies
+    the table by it as the table lies (``jaxformer.nn.params.Embed.attend``)."""
     return _cpu_rule("JAXFORMER_CPU_VECTOR_HEAD")
 
 
