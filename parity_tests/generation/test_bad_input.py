@@ -156,3 +156,15 @@ def test_training_mode_with_dropout_is_refused(family):
                                   tokens[0])
     np.testing.assert_array_equal(call(torch_generate, torch_model, torch.tensor, case).numpy(),
                                   tokens[1])
+
+
+def test_torch_generation_records_no_gradients():
+    """The torch twin generates under ``torch.no_grad`` (its cached tensors are written in place
+    and never differentiated): every step, as the streamer sees it, runs with gradients off, even
+    when the caller has them on."""
+    torch_model = model_pair(tgpt.GPT, jgpt.GPT, GPT_PRE_LN)[0]
+    seen = []
+    assert torch.is_grad_enabled()
+    torch_generate(torch_model, torch.tensor(IDS[:1]), max_new_tokens=3,
+                   streamer=lambda tokens: seen.append(torch.is_grad_enabled()))
+    assert seen == [False, False, False]

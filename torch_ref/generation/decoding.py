@@ -15,7 +15,6 @@ from torch_ref.models.encoder_decoder import Transformer
 from torch_ref.models.gpt import GPT
 
 
-@torch.no_grad()
 def check_eval_mode(model) -> None:
     """Same as ``jaxformer.generation.decoding.check_eval_mode`` (an ``nn.Dropout`` of ``p > 0``
     in training mode)."""
@@ -25,6 +24,7 @@ def check_eval_mode(model) -> None:
                          "with dropout active; call model.eval() first")
 
 
+@torch.no_grad()
 def generate(model, input_ids, attention_mask=None, *, max_new_tokens=None, do_sample=False,
              temperature=1.0, top_k=0, top_p=1.0, num_beams=1, length_penalty=1.0,
              early_stopping=False, eos_token_id=None, pad_token_id=None, seed=0,
