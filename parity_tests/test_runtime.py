@@ -333,7 +333,7 @@ def test_a_narrowing_linear_layer_multiplies_by_its_vector_kernel_as_it_lies(inp
     def output_and_matrix(module, v):
         out = np.asarray(module(v))
         (dot,) = _dot_generals(jax.make_jaxpr(lambda u: module(u))(v).jaxpr)
-        rows = (v.shape, (int(np.prod(v.shape[:-1])), v.shape[-1]))
+        rows = (v.shape, (int(np.prod(v.shape[:-1])), v.shape[-1]), v.shape[-1:])  # the input
         return out, [u.aval.shape for u in dot.invars if u.aval.shape not in rows]
 
     stored, stored_matrix = output_and_matrix(layer, x)

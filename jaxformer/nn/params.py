@@ -98,10 +98,10 @@ def vector_product(x, kernel, bias=None):
     transpose kept apart (a barrier: XLA would fold it back into the slower layout)."""
     rows = math.prod(x.shape[:-1])
     if rows == 1:
-        y = jnp.einsum("oi,...i->...o", kernel, x)
+        y = jnp.dot(kernel, x.reshape(-1))
     else:
-        y = jax.lax.optimization_barrier(jnp.einsum("oi,ni->on", kernel, x.reshape(rows, -1)))
-        y = y.T.reshape(x.shape[:-1] + y.shape[:1])
+        y = jax.lax.optimization_barrier(jnp.einsum("oi,ni->on", kernel, x.reshape(rows, -1))).T
+    y = y.reshape(x.shape[:-1] + kernel.shape[:1])
     return y + bias if bias is not None else y
 
 
@@ -232,14 +232,9 @@ class Embed(nnx.Embed):
         layout); float32 rounding apart, the same logits. An explicit ``out_sharding`` keeps the
         plain product, which takes it."""
         query, table = self.promote_dtype((query, self.embedding[...]), dtype=self.dtype)
-        rows = math.prod(query.shape[:-1])
-        if out_sharding is None and rows <= self._vector_rows and runtime.cpu_vector_head():
-            if rows == 1:
-                logits = jnp.dot(table, query.reshape(-1))
-            else:
-                logits = jnp.einsum("vc,nc->vn", table, query.reshape(rows, -1))
-                logits = jax.lax.optimization_barrier(logits).T
-            return logits.reshape(query.shape[:-1] + logits.shape[-1:])
+        if (out_sharding is None and math.prod(query.shape[:-1]) <= self._vector_rows
+                and runtime.cpu_vector_head()):
+            return vector_product(query, table)  # the (vocab, hidden) table is an (out, in) kernel
         return jnp.dot(query, table.T, out_sharding=out_sharding)
 
 
