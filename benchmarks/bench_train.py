@@ -95,6 +95,8 @@ VARIANTS = {
     "precision-default": dict(precision="default"),
     # runtime switches (jaxformer.runtime), set around each of the variant's calls
     "xla-weight-grads": dict(env={"JAXFORMER_CPU_WEIGHT_GRADIENTS": "0"}),
+    # dropout masks from JAX's own CPU lowering of Threefry (the same masks, drawn in passes)
+    "jax-dropout-masks": dict(env={"JAXFORMER_CPU_DROPOUT_MASKS": "0"}),
     # XLA options the step is compiled with (TrainStep's compiler_options; the runtime's own
     # choice is the base step's): XLA's Triton GEMM kernels on, or off (products to cuBLAS)
     "triton-gemm": dict(compiler_options={"xla_gpu_enable_triton_gemm": True}),

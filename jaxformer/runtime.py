@@ -6,6 +6,12 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   both operands, on a generic kernel at about 2/3 of its speed on the usual layout; copying
   ``X^T`` first costs far less than it saves). On by default on the CPU backend, off elsewhere
   and under a device mesh; ``JAXFORMER_CPU_WEIGHT_GRADIENTS=0`` turns it off, ``=1`` forces it.
+- :func:`cpu_dropout_masks`: dropout draws its masks with the 20 rounds of Threefry-2x32 written
+  out as one elementwise expression over the counters JAX uses, the same bits as
+  ``jax.random.bits`` (``jaxformer.nn.dropout``): JAX's CPU lowering of the hash loops over its
+  rounds in passes over the whole array (BERT-base's step at 4 x 128 spent about 190 ms of 2 s
+  drawing masks). On by default on the CPU backend, off elsewhere and under a device mesh;
+  ``JAXFORMER_CPU_DROPOUT_MASKS=0`` turns it off, ``=1`` forces it.
 - :func:`cpu_vector_head`: a tied LM head given a single query vector (batch-1 decoding) is
   ``table . query``, a matrix-vector product over the ``(vocab, hidden)`` table as it lies,
   instead of ``query . table^T``: inside the generation loop XLA:CPU fused a transposed copy of
@@ -121,6 +127,12 @@ def _cpu_rule(variable: str) -> bool:
 def cpu_weight_gradients() -> bool:
     """Whether ``jaxformer.nn.params`` linear layers take the transposed weight-gradient path."""
     return _cpu_rule("JAXFORMER_CPU_WEIGHT_GRADIENTS")
+
+
+def cpu_dropout_masks() -> bool:
+    """Whether ``jaxformer.nn.dropout.Dropout`` draws its masks with Threefry written out as one
+    fusible expression (the same bits as ``jax.random.bits``) instead of JAX's CPU lowering."""
+    return _cpu_rule("JAXFORMER_CPU_DROPOUT_MASKS")
 
 
 # the most rows a generation step multiplies by weights as they lie, copies of the layers'

@@ -52,6 +52,8 @@ JAX_ONLY = {
     "validate.py": "framework-free boundary checks (numpy): both twins call the same code",
     "numerics.py": "framework-free constants (MASK_VALUE, the sinusoidal table) both twins import",
     "nn/jit.py": "the nnx.split + jax.jit idiom; torch runs eagerly and has nothing to compile",
+    "nn/dropout.py": "nnx.Dropout's masks drawn in one pass on the CPU (JAX's own random bits); "
+                     "torch_ref uses nn.Dropout, whose masks come from torch's generator",
     "checkpoints/": "weight I/O exists once: it moves weights between the twins through numpy",
     "parity/": "the main job builds both twins and compares them: the judge, not a twin",
     "cli.py": "the `jaxformer` command",

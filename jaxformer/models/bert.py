@@ -13,6 +13,7 @@ from flax import nnx
 
 from jaxformer import validate
 from jaxformer.config import BertConfig
+from jaxformer.nn.dropout import Dropout
 from jaxformer.nn.layers import ACTIVATIONS, TransformerBlock
 from jaxformer.nn.masks import padding_mask
 from jaxformer.nn.params import embedding, layer_norm, linear
@@ -28,7 +29,7 @@ class BertEmbeddings(nnx.Module):
         self.token_type_embeddings = embedding(config.type_vocab_size, config,
                                                names=("types", "embed"), rngs=rngs)
         self.layer_norm = layer_norm(config, rngs=rngs) if config.embedding_layer_norm else None
-        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+        self.dropout = Dropout(config.dropout_rate, rngs=rngs)
 
     def __call__(self, input_ids, token_type_ids):
         T = input_ids.shape[1]
@@ -160,7 +161,7 @@ class BertForSequenceClassification(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.bert = BertModel(config, rngs=rngs)
-        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+        self.dropout = Dropout(config.dropout_rate, rngs=rngs)
         self.classifier = linear(config.hidden_size, config.num_labels, config,
                                  names=("embed", "classes"), rngs=rngs)
 

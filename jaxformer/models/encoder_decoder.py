@@ -19,6 +19,7 @@ from jaxformer import validate
 from jaxformer.config import TransformerConfig
 from jaxformer.nn.attention import MultiHeadAttention, cache_mask
 from jaxformer.nn.cache import DecoderLayerCache, LayerCache, Seq2SeqCache
+from jaxformer.nn.dropout import Dropout
 from jaxformer.nn.layers import FeedForward, TransformerBlock
 from jaxformer.nn.masks import causal_mask, combine_masks, padding_mask
 from jaxformer.nn.params import embedding, layer_norm, linear
@@ -57,7 +58,7 @@ class TransformerEmbeddings(nnx.Module):
         self.position_offset = config.position_offset
         self.sinusoidal_layout = config.sinusoidal_layout
         self.scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
-        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+        self.dropout = Dropout(config.dropout_rate, rngs=rngs)
 
     def __call__(self, input_ids, shared_embeddings=None, position_ids=None):
         """``(B, T)`` ids -> ``(B, T, C)``; positions ``0 .. T-1`` unless ``position_ids``
@@ -116,7 +117,7 @@ class DecoderLayer(nnx.Module):
         self.cross_attention_norm = layer_norm(config, rngs=rngs)
         self.feed_forward = FeedForward(config, rngs=rngs)
         self.ffn_norm = layer_norm(config, rngs=rngs)
-        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+        self.dropout = Dropout(config.dropout_rate, rngs=rngs)
         self.pre_norm = config.pre_norm
 
     def __call__(self, x, memory, self_mask=None, cross_mask=None, cache=None,

@@ -17,6 +17,7 @@ from jaxformer import validate
 from jaxformer.config import GPTConfig
 from jaxformer.nn.attention import cache_mask
 from jaxformer.nn.cache import GPTCache, LayerCache
+from jaxformer.nn.dropout import Dropout
 from jaxformer.nn.layers import TransformerBlock
 from jaxformer.nn.masks import causal_mask, padding_mask
 from jaxformer.nn.params import embedding, layer_norm, linear
@@ -46,7 +47,7 @@ class GPTEmbeddings(nnx.Module):
         self.position_embeddings = embedding(config.max_position_embeddings, config,
                                              names=("positions", "embed"), rngs=rngs)
         self.layer_norm = layer_norm(config, rngs=rngs) if config.embedding_layer_norm else None
-        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+        self.dropout = Dropout(config.dropout_rate, rngs=rngs)
 
     def __call__(self, input_ids, position_ids=None):
         """``(B, T)`` ids and positions (broadcastable; default ``arange(T)``) -> ``(B, T, C)``."""

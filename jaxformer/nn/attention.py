@@ -19,6 +19,7 @@ from flax import nnx
 
 from jaxformer import runtime
 from jaxformer.nn.cache import LayerCache
+from jaxformer.nn.dropout import Dropout
 from jaxformer.nn.params import linear, vector_product
 from jaxformer.numerics import MASK_VALUE
 
@@ -231,7 +232,7 @@ class MultiHeadAttention(nnx.Module):
         self.key = linear(C, C, config, names=("embed", "heads"), rngs=rngs)
         self.value = linear(C, C, config, names=("embed", "heads"), rngs=rngs)
         self.output = linear(C, C, config, names=("heads", "embed"), rngs=rngs)
-        self.attention_dropout = nnx.Dropout(config.attention_dropout_rate, rngs=rngs)
+        self.attention_dropout = Dropout(config.attention_dropout_rate, rngs=rngs)
         self.implementation = config.attention_implementation
 
     _no_vector_steps = ("query", "key", "value")  # vector_copies joins them into one matrix

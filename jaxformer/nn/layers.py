@@ -11,6 +11,7 @@ import jax
 from flax import nnx
 
 from jaxformer.nn.attention import MultiHeadAttention
+from jaxformer.nn.dropout import Dropout
 from jaxformer.nn.params import layer_norm, linear
 from jaxformer.sharding import constrain
 
@@ -49,7 +50,7 @@ class TransformerBlock(nnx.Module):
         self.attention_norm = layer_norm(config, rngs=rngs)
         self.feed_forward = FeedForward(config, rngs=rngs)
         self.ffn_norm = layer_norm(config, rngs=rngs)
-        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+        self.dropout = Dropout(config.dropout_rate, rngs=rngs)
         self.pre_norm = config.pre_norm
 
     def __call__(self, x, mask=None, cache=None, cache_index=None):
