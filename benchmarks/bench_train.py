@@ -221,8 +221,8 @@ def bench_workload(name, args, bench):
     family, B, T = spec["family"], args.batch or spec["batch"], args.seq or spec["seq"]
     cls = jconfig.BertConfig if family == "bert" else jconfig.GPTConfig
     cfg = dataclasses.replace(getattr(cls, spec["preset"])(), **spec.get("fields", {}),
-                              dropout_rate=0.0,
-                              attention_dropout_rate=0.0,
+                              dropout_rate=args.dropout,
+                              attention_dropout_rate=args.dropout,
                               attention_implementation=args.attention_implementation,
                               dtype=args.dtype)
     # A constant, small learning rate: the weights move every step, but not towards NaN or
@@ -382,6 +382,10 @@ def parse_args(argv=None):
     p.add_argument("--jax-only", action="store_true",
                    help="no torch candidate: jaxformer and its --jax-variants, jaxformer the "
                         "baseline")
+    p.add_argument("--dropout", type=float, default=0.0, metavar="RATE",
+                   help="dropout and attention-dropout rate of every model (default 0: the two "
+                        "frameworks draw different masks, so their losses match only at 0); a "
+                        "rate needs --jax-only, whose candidates draw the same masks")
     p.add_argument("--updates-per-call", type=int, default=1, metavar="K",
                    help="updates in each timed call (times and tokens per call cover K); the "
                         "late-fetch variant needs K > 1 to overlap anything")
@@ -399,6 +403,11 @@ def parse_args(argv=None):
             if part not in VARIANTS:
                 p.error(f"unknown jax variant {part!r} in {v!r}; choose from "
                         f"{', '.join(VARIANTS)}")
+    if not 0.0 <= args.dropout < 1.0:
+        p.error(f"--dropout must lie in [0, 1), got {args.dropout}")
+    if args.dropout and not args.jax_only:
+        p.error("--dropout above 0 needs --jax-only: torch draws other masks than JAX, so the "
+                "first-step losses would not match")
     if args.updates_per_call < 1:
         p.error(f"--updates-per-call must be at least 1, got {args.updates_per_call}")
     if args.quick:
@@ -416,7 +425,8 @@ def main(argv=None):
         return 0
     bench.footnote = ("Candidates: jaxformer.training.step.TrainStep (one jitted update, buffers "
                       "donated); torch_ref.training.step.TrainStep on the eager and on the "
-                      "compiled model. Dropout 0, the same weights and batch; first-step losses "
+                      f"compiled model. Dropout {args.dropout:g}, the same weights and batch; "
+                      "first-step losses "
                       f"equal to {LOSS_RTOL[args.dtype]} (checked). jaxformer attention: "
                       f"`{args.attention_implementation}`.")
     rc = 1

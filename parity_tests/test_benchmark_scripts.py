@@ -66,6 +66,17 @@ def test_bench_train_runs_and_its_profile_is_summarised(tmp_path):
     assert "PjitFunction" in host, host[:2000]
 
 
+def test_bench_train_refuses_dropout_across_frameworks():
+    """``--dropout`` draws masks in both frameworks from different generators, so it needs
+    ``--jax-only`` (the equal-work check would fail later, after the models were built)."""
+    for args, message in ((["--dropout", "0.1"], "needs --jax-only"),
+                          (["--dropout", "1", "--jax-only"], "must lie in [0, 1)")):
+        done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_train.py"), *args],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert message in done.stderr, done.stderr[-2000:]
+
+
 def test_bench_loop_runs():
     """``bench_loop.py``: a tiny ``jaxformer train`` run with and without dispatching ahead; the
     two runs' losses are the same."""
