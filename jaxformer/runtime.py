@@ -9,8 +9,9 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
 - :func:`cpu_dropout_masks`: dropout draws its masks with the 20 rounds of Threefry-2x32 written
   out as one elementwise expression over the counters JAX uses, the same bits as
   ``jax.random.bits`` (``jaxformer.nn.dropout``): JAX's CPU lowering of the hash loops over its
-  rounds in passes over the whole array (BERT-base's step at 4 x 128 spent about 190 ms of 2 s
-  drawing masks). On by default on the CPU backend, off elsewhere and under a device mesh;
+  rounds in passes over the whole array (a tiny GPT's training step 1.24x faster, a baby GPT's
+  at dropout 0.2 1.11x, and a third less of the compile time dropout adds). On by default on
+  the CPU backend, off elsewhere and under a device mesh;
   ``JAXFORMER_CPU_DROPOUT_MASKS=0`` turns it off, ``=1`` forces it.
 - :func:`cpu_vector_head`: a tied LM head given a single query vector (batch-1 decoding) is
   ``table . query``, a matrix-vector product over the ``(vocab, hidden)`` table as it lies,

@@ -48,8 +48,8 @@ def test_bernoulli_is_jax_random_bernoulli(p):
 
 
 def test_threefry_matches_the_published_known_answer():
-    """Threefry-2x32 with 20 rounds, the known-answer vectors of Random123 (Salmon et al.):
-    key and counter all zeros, and all ones (0xFFFFFFFF)."""
+    """Threefry-2x32 with 20 rounds against the hash's published known-answer vectors: key and
+    counter all zeros, and all ones (0xFFFFFFFF)."""
     zero, ones = np.uint32(0), np.uint32(0xFFFFFFFF)
     for word, expected in ((zero, (0x6B200159, 0x99BA4EFE)), (ones, (0x1CB996FC, 0xBB002BE7))):
         x = jnp.full((1,), word, jnp.uint32)
