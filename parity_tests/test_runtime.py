@@ -242,7 +242,6 @@ def test_a_single_query_vector_multiplies_the_table_as_it_lies(query_shape, vect
     assert first_operands("1") == (by_table if vector else by_query)
 
 
-
 @pytest.mark.parametrize(("query_shape", "by_table"), [((2, 32), True), ((3, 2, 32), True),
                                                       ((16, 1, 32), True), ((17, 32), False)])
 def test_a_few_query_vectors_in_generation_multiply_the_table_as_it_lies(query_shape, by_table):
@@ -274,6 +273,7 @@ def test_a_few_query_vectors_in_generation_multiply_the_table_as_it_lies(query_s
     assert table._vector_rows == runtime.VECTOR_ROWS == 16
     assert first_operands() == ([(101, 32)] if by_table and jax.default_backend() == "cpu"
                                 else [query_shape])
+
 
 def test_cudnn_attention_switches(monkeypatch):
     """"auto" tries cuDNN on a CUDA GPU of compute capability 8.0 or more, without a mesh, unless

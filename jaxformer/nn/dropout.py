@@ -71,11 +71,11 @@ def random_bits(key, shape: tuple[int, ...]) -> jax.Array:
     """``jax.random.bits(key, shape)`` (uint32) for a key :func:`reproducible` accepts, as one
     fusible expression: element ``i`` of the flattened shape is the XOR of the two words
     Threefry-2x32 makes from the counters ``(0, i)``."""
-    if math.prod(shape) >= 2 ** 32:
-        raise ValueError(f"random_bits draws fewer than 2**32 values; shape {shape} has "
-                         f"{math.prod(shape)}")
+    size = math.prod(shape)
+    if size >= 2 ** 32:
+        raise ValueError(f"random_bits draws fewer than 2**32 values; shape {shape} has {size}")
     words = jax.random.key_data(key)
-    index = lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
+    index = lax.iota(jnp.uint32, size).reshape(shape)
     high, low = threefry2x32((words[0], words[1]), jnp.zeros(shape, jnp.uint32), index)
     return high ^ low
 
