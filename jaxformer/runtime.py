@@ -28,7 +28,8 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   (more inputs than outputs: the second feed-forward matrix) as ``(out, in)``, about 1.5x faster
   than the ``(in, out)`` the parameters keep, and self-attention's query, key and value kernels
   as one ``(3C, C)`` matrix (GPT-2's widths: 1.4x faster than three ``(C, C)`` products as
-  stored); widening kernels stay as they are for one row (no gain, or a loss). From 2 to
+  stored); widening kernels stay as they are for one row (no gain, or a loss), unless
+  :func:`cpu_gemv_one_row` holds, when every linear kernel of the steps is copied. From 2 to
   ``VECTOR_ROWS`` rows a step (prompts times beams) every linear kernel of the steps' layers is
   copied as ``(out, in)`` and multiplied as ``(W . x^T)^T`` (XLA:CPU's product of a few rows by
   the stored layout streams at about half the speed; GPT-2 small's step 1.26-1.32x). The copies
@@ -37,6 +38,17 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   call makes none but uses those an earlier call made. On by default on the CPU backend, off
   elsewhere and under a device mesh; read when ``generate`` is called;
   ``JAXFORMER_CPU_VECTOR_KERNELS=0`` turns it off, ``=1`` forces it (the minimum still holds).
+- :func:`cpu_gemv_one_row`: XLA:CPU compiles a matrix-vector product (its own tiled kernel, not a
+  library's) streaming 8 rows of the matrix at once; one at a time (``GEMV_TILING`` in
+  ``XLA_FLAGS``) it reads a matrix stored as ``(out, in)`` at the bandwidth of a plain sum, where
+  8 rows reached 72-93% of it (GPT-2 small's batch-1 decode step 1.3-1.5x faster, with copies of
+  every linear kernel as ``(out, in)``: ``cpu_vector_kernels``), but a product reading a matrix
+  along its columns (one row by an ``(in, out)`` kernel as stored) becomes 1.5-2x slower. No
+  training step of the families has a matrix-vector product. XLA reads its flags once, when JAX
+  starts its backend: the option is added to ``XLA_FLAGS`` when this module is imported before
+  that and the platform will be the CPU, as the allocator settings below (and child processes
+  inherit it); ``JAXFORMER_CPU_GEMV_ONE_ROW=0`` leaves ``XLA_FLAGS`` alone, as do flags that
+  already set ``xla_backend_extra_options`` (the user's win).
 - :func:`tune_allocator`: glibc's ``malloc`` gives every large block back to the kernel on
   ``free`` and takes it again on the next ``malloc`` (XLA:CPU frees tens to hundreds of MB of
   scratch per call: thousands of page faults per step). ``mallopt`` makes it keep them. A thread
@@ -89,6 +101,7 @@ import importlib.metadata
 import importlib.util
 import os
 import pkgutil
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -263,7 +276,41 @@ def _cpu_before_backend() -> bool:
     return importlib.util.find_spec("libtpu") is None
 
 
-_TUNED_AT_IMPORT = _cpu_before_backend() and _apply_allocator_settings()
+# XLA:CPU's matrix-vector kernel (its tiled LLVM IR GEMV) for a matrix read along its rows
+# (``W . x`` with ``W`` as ``(out, in)``) streams this many rows at once; one row streams GPT-2
+# small's layer copies at 92-100% of the bandwidth of a plain sum where 8 (XLA's default) reached
+# 72-93%, but a matrix read along its columns (``x . W`` with ``W`` as ``(in, out)``) then updates
+# the whole output vector for every input, 1.5-2x slower (docs/performance.md, "One row at a time")
+GEMV_TILING = "xla_llvm_dot_tiling_factor=1"
+
+
+def _apply_gemv_tiling() -> bool:
+    """Add ``GEMV_TILING`` to ``XLA_FLAGS`` (read once, when JAX starts its backend) unless it is
+    switched off or the user's flags already pass XLA:CPU's backend options."""
+    if env_switch("JAXFORMER_CPU_GEMV_ONE_ROW") is False:
+        return False
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_backend_extra_options" in flags:
+        return False
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_extra_options={GEMV_TILING}".strip()
+    return True
+
+
+_CPU_AT_IMPORT = _cpu_before_backend()
+_TUNED_AT_IMPORT = _CPU_AT_IMPORT and _apply_allocator_settings()
+_GEMV_AT_IMPORT = _CPU_AT_IMPORT and _apply_gemv_tiling()
+
+
+def cpu_gemv_one_row() -> bool:
+    """Whether this process's XLA:CPU streams a matrix-vector product one row of the matrix at a
+    time (``GEMV_TILING``: set when this module was imported before JAX started its CPU backend,
+    or in the user's own ``XLA_FLAGS`` then). Generation of one row then multiplies by ``(out,
+    in)`` copies of every linear kernel of its steps (``cpu_vector_kernels``), the layout that
+    reads rows."""
+    if _GEMV_AT_IMPORT:
+        return True
+    return (jax.default_backend() == "cpu" and re.search(
+        rf"\b{GEMV_TILING}\b", os.environ.get("XLA_FLAGS", "")) is not None)
 
 
 def compilation_cache_dir() -> Path | None:

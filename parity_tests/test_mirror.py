@@ -186,11 +186,6 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
         (JAX, "TrainStep.__init__(compiler_options)"):
             "XLA's options for compiling the step (jaxformer.runtime's per-backend choice by "
             "default); torch's eager step compiles nothing",
-        (JAX, "TrainStep._params (attribute)"):
-            "the parameter tree, rebuilt from the leaf lists the compiled update takes (torch "
-            "keeps its state in the module and optimizer)",
-        (JAX, "TrainStep._opt_state (attribute)"): "the optimizer-state tree, the same way",
-        (JAX, "TrainStep._rest (attribute)"): "the RNG-state tree, the same way",
     },
 }
 
@@ -334,7 +329,8 @@ def _read_class(cls: ast.ClassDef, side: str, facts: Facts) -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             decorators = {ast.unparse(d) for d in node.decorator_list}
             if "property" in decorators or any(d.endswith(".setter") for d in decorators):
-                facts.items.add(f"{C}.{node.name} (attribute)")
+                if _public(node.name):
+                    facts.items.add(f"{C}.{node.name} (attribute)")
                 continue
             if not _public(node.name):
                 continue
@@ -520,6 +516,14 @@ def test_guard_ignores_private_attributes():
     source = TORCH_SOURCE.replace("super().__init__()",
                                   "super().__init__()\n        self._compiled = None")
     assert _check(torch_source=source) == []
+    private = "    @property\n    def _plumbing(self):\n        return None\n\n"
+    public = private.replace("_plumbing", "plumbing")
+    header = "class Block(nnx.Module):\n"
+    for prop, expected in ((private, []),
+                           (public, ["only in jaxformer: Block.plumbing (attribute)"])):
+        source = JAX_SOURCE.replace(header, header + prop)
+        assert source != JAX_SOURCE
+        assert _check(jax_source=source) == expected
 
 
 def test_guard_sees_registered_buffers():

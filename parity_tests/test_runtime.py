@@ -39,14 +39,15 @@ print(runtime._TUNED_AT_IMPORT, runtime.tune_allocator())
 """
 
 
-def _python(code: str, **env: str) -> str:
+def _python(code: str, **env: str | None) -> str:
     """``code``'s output in a fresh CPU interpreter, with none of the allocator variables of this
-    process but ``env``'s."""
+    process but ``env``'s (a variable given as None is unset)."""
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith("MALLOC_") and k != "JAXFORMER_TUNE_MALLOC"}
+    merged = {**clean, "JAX_PLATFORMS": "cpu", **env}
     return subprocess.run([sys.executable, "-c", code],
-                          env={**clean, "JAX_PLATFORMS": "cpu", **env}, capture_output=True,
-                          text=True, timeout=120, check=True).stdout
+                          env={k: v for k, v in merged.items() if v is not None},
+                          capture_output=True, text=True, timeout=120, check=True).stdout
 
 
 def _probe(before: str = "", **env: str) -> str:
@@ -62,6 +63,70 @@ def _probe(before: str = "", **env: str) -> str:
 ], ids=["before-the-backend", "after-the-backend", "switched-off", "user-malloc-variables"])
 def test_allocator_settings_are_applied_when_they_can_work(before, env, expected):
     assert _probe(before, **env) == expected
+
+
+GEMV_PROBE = """
+import os
+import jax
+{before}
+from jaxformer import runtime
+print(repr(os.environ.get("XLA_FLAGS")), runtime.cpu_gemv_one_row())
+"""
+ONE_ROW = "--xla_backend_extra_options=xla_llvm_dot_tiling_factor=1"
+
+
+def _without_one_row(**env: str) -> dict[str, str | None]:
+    """``env`` over this process's ``XLA_FLAGS`` without the option (the suite's own process has
+    it) and without the switch."""
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f != ONE_ROW)
+    return {"XLA_FLAGS": flags or None, "JAXFORMER_CPU_GEMV_ONE_ROW": None, **env}
+
+
+@pytest.mark.parametrize(("before", "env", "flags", "one_row"), [
+    ("", {}, ONE_ROW, True),  # imported first: XLA reads its flags when the backend starts
+    ("jax.devices()", {}, "", False),  # too late: the backend read them already
+    ("", {"JAXFORMER_CPU_GEMV_ONE_ROW": "0"}, "", False),
+    ("", {"XLA_FLAGS": "--xla_cpu_max_isa=AVX2"}, f"--xla_cpu_max_isa=AVX2 {ONE_ROW}", True),
+    ("", {"XLA_FLAGS": "--xla_backend_extra_options=xla_llvm_dot_tiling_factor=16"},
+     "--xla_backend_extra_options=xla_llvm_dot_tiling_factor=16", False),  # the user's options
+    ("jax.devices()", {"XLA_FLAGS": ONE_ROW}, ONE_ROW, True),  # the user's own, at start-up
+], ids=["before-the-backend", "after-the-backend", "switched-off", "other-user-flags",
+        "user-backend-options", "user-one-row"])
+def test_gemv_one_row_is_added_to_xla_flags_when_it_can_work(before, env, flags, one_row):
+    """``runtime.cpu_gemv_one_row``: the option goes into ``XLA_FLAGS`` when ``jaxformer.runtime``
+    is imported before JAX starts its CPU backend, after the user's flags, never over backend
+    options the user passes; the function says whether the process has it."""
+    output = _python(GEMV_PROBE.format(before=before),
+                     **{"XLA_FLAGS": None, "JAXFORMER_CPU_GEMV_ONE_ROW": None, **env})
+    assert output.split("\n")[-2] == f"{flags or None!r} {one_row}"
+
+
+GEMV_BITS = """
+import numpy as np
+from jaxformer import runtime
+import jax, jax.numpy as jnp
+rng = np.random.default_rng(0)
+w = rng.standard_normal((2304, 768), dtype=np.float32)
+x = rng.standard_normal(768, dtype=np.float32)
+np.save({path!r}, np.asarray(jax.jit(lambda w, x: w @ x)(w, x)))
+"""
+
+
+def test_gemv_one_row_reaches_xla_and_changes_only_the_rounding(tmp_path):
+    """The option is XLA's: a matrix-vector product over an ``(out, in)`` matrix compiles to
+    another summation order with it (the last bits of some outputs differ: the kernel that reads
+    one row at a time ran) and the same values within float32 rounding."""
+    outputs = {}
+    for switch in ("1", "0"):
+        path = tmp_path / f"{switch}.npy"
+        _python(GEMV_BITS.format(path=str(path)),
+                **_without_one_row(JAXFORMER_CPU_GEMV_ONE_ROW=switch))
+        outputs[switch] = np.load(path)
+    assert not np.array_equal(outputs["1"], outputs["0"])
+    scale = np.abs(outputs["0"]).max()
+    # measured: 53-54% of the outputs differ, by at most 7.7e-8 of the largest, natively (an
+    # AVX-512 EPYC) and capped to AVX2 and to AVX; the bound is 5x that
+    np.testing.assert_allclose(outputs["1"], outputs["0"], rtol=0, atol=4e-7 * scale)
 
 
 REUSE = """
@@ -415,19 +480,22 @@ def _spy_kept_copies(monkeypatch) -> list:
     return calls
 
 
-def test_vector_kernels_serve_long_generation_of_a_few_rows(monkeypatch):
+@pytest.mark.parametrize("one_row", [False, True], ids=["gemv-8-rows", "gemv-one-row"])
+def test_vector_kernels_serve_long_generation_of_a_few_rows(one_row, monkeypatch):
     """The loop's layers get kernel copies for at most ``runtime.VECTOR_ROWS`` rows a step
     (prompts times beams): on the CPU by default, wherever ``JAXFORMER_CPU_VECTOR_KERNELS=1``,
-    nowhere with it off. For one row the narrowing layers' and the joined query/key/value; for
-    more, every linear layer's (made again, wider, if only the one-row set was kept; a later
-    one-row call keeps the wider set). A call of at least ``VECTOR_KERNEL_MIN_TOKENS`` tokens
-    makes them; a shorter one makes none (it would not repay them) but uses those an earlier call
-    made; a call of one token has no steps."""
+    nowhere with it off. For one row the narrowing layers' and the joined query/key/value (every
+    linear layer's too where XLA:CPU streams matrix-vector products one row at a time,
+    ``runtime.cpu_gemv_one_row``); for more, every linear layer's (made again, wider, if only the
+    one-row set was kept; a later one-row call keeps the wider set). A call of at least
+    ``VECTOR_KERNEL_MIN_TOKENS`` tokens makes them; a shorter one makes none (it would not repay
+    them) but uses those an earlier call made; a call of one token has no steps."""
     from flax import nnx
 
     from jaxformer.generation import checks, decoding
     from jaxformer.models.gpt import GPT
 
+    monkeypatch.setattr(runtime, "cpu_gemv_one_row", lambda: one_row)
     model = GPT(GPTConfig.tiny(), rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
     new = runtime.VECTOR_KERNEL_MIN_TOKENS
@@ -452,7 +520,7 @@ def test_vector_kernels_serve_long_generation_of_a_few_rows(monkeypatch):
     assert applied(None) == (jax.default_backend() == "cpu")
     one = copies("1")
     assert one
-    assert not widening(one)
+    assert widening(one) == one_row
     assert applied("1", max_new_tokens=4 * new)
     assert applied("1", max_new_tokens=2)  # the copies made above
     assert not applied("0")
@@ -461,6 +529,7 @@ def test_vector_kernels_serve_long_generation_of_a_few_rows(monkeypatch):
     assert copies("1", rows=2, max_new_tokens=2) is one  # too short to make the wider set
     wide = copies("1", rows=2)
     assert widening(wide)
+    assert (wide is one) == one_row  # the one-row set was already the wider one
     assert copies("1") is wide  # one row keeps the wider set
     assert copies("1", num_beams=2) is wide
     assert copies("1", rows=runtime.VECTOR_ROWS // 2, num_beams=2) is wide
@@ -484,17 +553,21 @@ def _generation_model(family):
     return model, extra
 
 
-@pytest.mark.parametrize(("family", "rows", "beams"), [("gpt", 1, 1), ("seq2seq", 1, 1),
-                                                      ("gpt", 3, 1), ("seq2seq", 2, 2)])
+@pytest.mark.parametrize(("family", "rows", "beams", "one_row"), [
+    ("gpt", 1, 1, False), ("seq2seq", 1, 1, False), ("gpt", 1, 1, True), ("seq2seq", 1, 1, True),
+    ("gpt", 3, 1, False), ("seq2seq", 2, 2, False)])
 def test_generation_with_vector_kernels_gives_the_stored_kernels_tokens(family, rows, beams,
-                                                                        monkeypatch):
+                                                                        one_row, monkeypatch):
     """The same tokens with the loop's kernel copies as with the stored kernels (the same
     products; for several rows summed in another order). The copies are the steps' modules'
-    only: the decoder's self-attention and narrowing layers (for several rows every linear layer
-    of theirs), never the encoder's (it runs once, before the loop) nor a cross-attention's (it
-    reads its cached context), nor the query, key and value layers the joined copy replaces."""
+    only: the decoder's self-attention and narrowing layers (for several rows, or for one where
+    ``runtime.cpu_gemv_one_row``, every linear layer of theirs, a cross-attention's query and
+    output included), never the encoder's (it runs once, before the loop) nor a cross-attention's
+    key and value (it reads its context's from the cache) or joined copy, nor the query, key and
+    value layers the joined copy replaces."""
     from jaxformer.generation import generate
 
+    monkeypatch.setattr(runtime, "cpu_gemv_one_row", lambda: one_row)
     model, extra = _generation_model(family)
     ids = np.random.RandomState(5).randint(3, 20, (rows, 6)).astype(np.int32)
     kept = _spy_kept_copies(monkeypatch)
@@ -519,9 +592,14 @@ def test_generation_with_vector_kernels_gives_the_stored_kernels_tokens(family, 
     assert len(attentions) == layers
     assert all(path.endswith("attention") for path in attentions)
     assert count("feed_forward/fc2") == layers
-    widening = rows * beams > 1
-    assert count("feed_forward/fc1") == count("attention/output") == layers * widening
-    assert not any(path.endswith(("/query", "/key", "/value")) or "cross_attention" in path
+    widening = rows * beams > 1 or one_row
+    assert count("feed_forward/fc1") == count("self_attention/output" if family == "seq2seq"
+                                              else "attention/output") == layers * widening
+    cross = [path for path in linears if "cross_attention" in path]
+    assert sorted(path.rsplit("/", 1)[1] for path in cross) == sorted(
+        ["output", "query"] * layers * (family == "seq2seq" and widening))
+    assert not any(path.endswith(("/key", "/value"))
+                   or (path.endswith("/query") and path not in cross)
                    or path.startswith("encoder/") for path in linears + attentions)
     if family == "seq2seq":
         assert all(path.endswith("/self_attention") for path in attentions)

@@ -24,13 +24,15 @@ from jaxformer.nn import params
 def _vector_steps(model, graphdef, state, rows: int, options) -> dict:
     """At most ``runtime.VECTOR_ROWS`` rows a step (prompts times beams) on the CPU
     (``runtime.cpu_vector_kernels``): copies of weights in a faster layout, kept with the model
-    (``params.kept_vector_kernels``; for more than one row every linear layer's), which the loop
-    multiplies by; the prefill and the encoder keep the stored ones. A call of fewer than
+    (``params.kept_vector_kernels``; every linear layer's for more than one row, or for one where
+    ``runtime.cpu_gemv_one_row``), which the loop multiplies by; the prefill and the encoder keep
+    the stored ones. A call of fewer than
     ``VECTOR_KERNEL_MIN_TOKENS`` tokens uses the copies an earlier call made, but makes none
     (it would not repay them). ``{}`` otherwise."""
     steps, step_rows = options.max_new_tokens, rows * options.num_beams
     if step_rows <= runtime.VECTOR_ROWS and steps > 1 and runtime.cpu_vector_kernels():
-        return params.kept_vector_kernels(model, graphdef, state, widening=step_rows > 1,
+        wide = step_rows > 1 or runtime.cpu_gemv_one_row()
+        return params.kept_vector_kernels(model, graphdef, state, widening=wide,
                                           make=steps >= runtime.VECTOR_KERNEL_MIN_TOKENS)
     return {}
 

@@ -108,12 +108,11 @@ class DecoderLayer(nnx.Module):
     ``torch.nn.TransformerDecoderLayer``. The memory itself is not normalised here.
     """
 
-    _no_vector_steps = ("cross_attention",)  # it reads its cached context: no q/k/v product
-
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.self_attention = MultiHeadAttention(config, rngs=rngs)
         self.self_attention_norm = layer_norm(config, rngs=rngs)
         self.cross_attention = MultiHeadAttention(config, rngs=rngs)
+        self.cross_attention._reads_cached_context = True  # no joined copy (params.vector_kernels)
         self.cross_attention_norm = layer_norm(config, rngs=rngs)
         self.feed_forward = FeedForward(config, rngs=rngs)
         self.ffn_norm = layer_norm(config, rngs=rngs)

@@ -235,19 +235,28 @@ class MultiHeadAttention(nnx.Module):
         self.attention_dropout = Dropout(config.attention_dropout_rate, rngs=rngs)
         self.implementation = config.attention_implementation
 
-    _no_vector_steps = ("query", "key", "value")  # vector_copies joins them into one matrix
     # set by params.use_vector_kernels
     _qkv_kernel: jax.Array | None = None
     _qkv_bias: jax.Array | None = None
+    # True for a cross-attention (set by its decoder layer): in generation steps it reads its
+    # context's keys and values from the cache, so it has no joined copy to make, and its query
+    # and output layers get copies of their own (params.vector_kernels)
+    _reads_cached_context = False
+
+    @property
+    def _no_vector_steps(self) -> tuple[str, ...]:
+        # vector_copies joins query, key and value into one matrix; a cross-attention's steps
+        # run no key or value product
+        return ("key", "value") if self._reads_cached_context else ("query", "key", "value")
 
     def vector_copies(self, widening: bool = False) -> dict[str, jax.Array | None]:
         """The query, key and value kernels as one ``(3C, C)`` matrix (and their biases as one
         vector) for cached self-attention over one row or a few (``params.vector_kernels``;
         ``widening`` changes nothing here): XLA:CPU streams that product faster than three
-        ``(C, C)`` ones as stored. 2-D kernels only."""
+        ``(C, C)`` ones as stored. 2-D kernels only; none for a cross-attention."""
         projections = (self.query, self.key, self.value)
         kernels = [p.kernel[...] for p in projections]
-        if any(k.ndim != 2 for k in kernels):
+        if self._reads_cached_context or any(k.ndim != 2 for k in kernels):
             return {}
         biases = [p.bias[...] for p in projections if p.bias is not None]
         return {"_qkv_kernel": jnp.concatenate([k.T for k in kernels]),

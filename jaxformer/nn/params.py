@@ -114,9 +114,10 @@ def vector_kernels(model: nnx.Module, *,
     its query, key and value kernels as one ``(3C, C)`` matrix
     (``attention.MultiHeadAttention.vector_copies``). XLA:CPU streams those products faster
     (docs/performance.md). The same products, once :func:`use_vector_kernels` hands the copies to
-    the modules. A module whose class lists children in ``_no_vector_steps`` (an encoder run once
-    per call, a cross-attention that reads its cached context, the query, key and value layers
-    that the joined copy replaces) leaves their modules without copies."""
+    the modules. A module that lists children in ``_no_vector_steps`` (an encoder run once per
+    call; the query, key and value layers that the joined copy replaces; a cross-attention's key
+    and value layers, its context's keys and values being cached) leaves their modules without
+    copies."""
     graph = list(nnx.iter_graph(model))
     skipped = [path + (name,) for path, module in graph
                for name in getattr(module, "_no_vector_steps", ())]
