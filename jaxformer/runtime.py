@@ -40,15 +40,15 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   ``JAXFORMER_CPU_VECTOR_KERNELS=0`` turns it off, ``=1`` forces it (the minimum still holds).
 - :func:`cpu_gemv_one_row`: XLA:CPU compiles a matrix-vector product (its own tiled kernel, not a
   library's) streaming 8 rows of the matrix at once; one at a time (``GEMV_TILING`` in
-  ``XLA_FLAGS``) it reads a matrix stored as ``(out, in)`` at the bandwidth of a plain sum, where
-  8 rows reached 72-93% of it (GPT-2 small's batch-1 decode step 1.3-1.5x faster, with copies of
-  every linear kernel as ``(out, in)``: ``cpu_vector_kernels``), but a product reading a matrix
-  along its columns (one row by an ``(in, out)`` kernel as stored) becomes 1.5-2x slower. No
-  training step of the families has a matrix-vector product. XLA reads its flags once, when JAX
-  starts its backend: the option is added to ``XLA_FLAGS`` when this module is imported before
-  that and the platform will be the CPU, as the allocator settings below (and child processes
-  inherit it); ``JAXFORMER_CPU_GEMV_ONE_ROW=0`` leaves ``XLA_FLAGS`` alone, as do flags that
-  already set ``xla_backend_extra_options`` (the user's win).
+  ``XLA_FLAGS``) it reads a matrix stored as ``(out, in)`` at 93-98% of a plain sum's bandwidth
+  on one core, where 8 rows reached about 75% (GPT-2 small's batch-1 decode step 1.15-1.32x
+  faster, with copies of every linear kernel as ``(out, in)``: ``cpu_vector_kernels``), but a
+  product reading a matrix along its columns (one row by an ``(in, out)`` kernel as stored)
+  becomes 1.5-2x slower. No training step of the families has a matrix-vector product. XLA
+  reads its flags once, when JAX starts its backend: the option is added to ``XLA_FLAGS`` when
+  this module is imported before that and the platform will be the CPU, as the allocator settings
+  below (and child processes inherit it); ``JAXFORMER_CPU_GEMV_ONE_ROW=0`` leaves ``XLA_FLAGS``
+  alone, as do flags that already set ``xla_backend_extra_options`` (the user's win).
 - :func:`tune_allocator`: glibc's ``malloc`` gives every large block back to the kernel on
   ``free`` and takes it again on the next ``malloc`` (XLA:CPU frees tens to hundreds of MB of
   scratch per call: thousands of page faults per step). ``mallopt`` makes it keep them. A thread
@@ -278,9 +278,10 @@ def _cpu_before_backend() -> bool:
 
 # XLA:CPU's matrix-vector kernel (its tiled LLVM IR GEMV) for a matrix read along its rows
 # (``W . x`` with ``W`` as ``(out, in)``) streams this many rows at once; one row streams GPT-2
-# small's layer copies at 92-100% of the bandwidth of a plain sum where 8 (XLA's default) reached
-# 72-93%, but a matrix read along its columns (``x . W`` with ``W`` as ``(in, out)``) then updates
-# the whole output vector for every input, 1.5-2x slower (docs/performance.md, "One row at a time")
+# small's layer copies at 93-98% of the bandwidth of a plain sum on one core where 8 (XLA's
+# default) reached about 75%, but a matrix read along its columns (``x . W``, ``W`` as ``(in,
+# out)``) then updates the whole output vector for every input, 1.5-2x slower
+# (docs/performance.md, "One row at a time")
 GEMV_TILING = "xla_llvm_dot_tiling_factor=1"
 
 
