@@ -35,7 +35,8 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   the stored layout streams at about half the speed; GPT-2 small's step 1.26-1.32x). The copies
   hold memory while the model lives (GPT-2 small: 198 MB, 340 MB once a call of several rows
   made the wider set), and the call that makes them pays for it, hence the minimum: a shorter
-  call makes none but uses those an earlier call made. On by default on the CPU backend, off
+  call makes none but uses those an earlier call made, unless the model's calls since the last
+  that made them (or could have) reach the minimum together. On by default on the CPU backend, off
   elsewhere and under a device mesh; read when ``generate`` is called;
   ``JAXFORMER_CPU_VECTOR_KERNELS=0`` turns it off, ``=1`` forces it (the minimum still holds).
 - :func:`cpu_gemv_one_row`: XLA:CPU compiles a matrix-vector product (its own tiled kernel, not a
@@ -167,8 +168,9 @@ VECTOR_KERNEL_MIN_TOKENS = 32
 
 def cpu_vector_kernels() -> bool:
     """Whether generating at most ``VECTOR_ROWS`` rows a step multiplies by copies of weights in
-    a faster layout, made by a call of at least ``VECTOR_KERNEL_MIN_TOKENS`` tokens and kept with
-    the model (``jaxformer.nn.params.kept_vector_kernels``)."""
+    a faster layout, made by a call of at least ``VECTOR_KERNEL_MIN_TOKENS`` tokens (or by the
+    shorter call that brings a model's calls since the last that made them to that many) and kept
+    with the model (``jaxformer.nn.params.kept_vector_kernels``)."""
     return _cpu_rule("JAXFORMER_CPU_VECTOR_KERNELS")
 
 

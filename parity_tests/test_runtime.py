@@ -489,7 +489,8 @@ def test_vector_kernels_serve_long_generation_of_a_few_rows(one_row, monkeypatch
     ``runtime.cpu_gemv_one_row``); for more, every linear layer's (made again, wider, if only the
     one-row set was kept; a later one-row call keeps the wider set). A call of at least
     ``VECTOR_KERNEL_MIN_TOKENS`` tokens makes them; a shorter one makes none (it would not repay
-    them) but uses those an earlier call made; a call of one token has no steps."""
+    them) but uses those an earlier call made, unless the model's calls since the last that made
+    them reach the minimum together; a call of one token has no steps."""
     from flax import nnx
 
     from jaxformer.generation import checks, decoding
@@ -536,6 +537,19 @@ def test_vector_kernels_serve_long_generation_of_a_few_rows(one_row, monkeypatch
     assert not applied("1", rows=runtime.VECTOR_ROWS + 1)
     assert not applied("1", rows=runtime.VECTOR_ROWS // 2 + 1, num_beams=2)
     assert not applied("0", rows=2)
+
+    short = GPT(GPTConfig.tiny(), rngs=nnx.Rngs(1))  # short calls, repeated
+    monkeypatch.setenv("JAXFORMER_CPU_VECTOR_KERNELS", "1")
+
+    def short_copies(tokens):
+        options, _ = checks.check_generate(vocab_size=29, max_new_tokens=tokens)
+        return decoding._vector_steps(short, *nnx.split(short), 1, options)
+
+    assert not short_copies(new // 2)
+    assert not short_copies(new - new // 2 - 1)  # together one token short
+    made = short_copies(2)  # the call that reaches the minimum makes them
+    assert made
+    assert short_copies(2) is made  # and the next short call uses them
 
 
 def _generation_model(family):

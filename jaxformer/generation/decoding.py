@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import queue
 import threading
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -20,20 +21,27 @@ from jaxformer.models.encoder_decoder import Transformer
 from jaxformer.models.gpt import GPT
 from jaxformer.nn import params
 
+# model -> the new tokens of its calls since its last call that made (or could have made) kernel
+# copies: shorter calls make none, until together they reach VECTOR_KERNEL_MIN_TOKENS
+_TOKENS_WITHOUT_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
 
 def _vector_steps(model, graphdef, state, rows: int, options) -> dict:
     """At most ``runtime.VECTOR_ROWS`` rows a step (prompts times beams) on the CPU
     (``runtime.cpu_vector_kernels``): copies of weights in a faster layout, kept with the model
     (``params.kept_vector_kernels``; every linear layer's for more than one row, or for one where
     ``runtime.cpu_gemv_one_row``), which the loop multiplies by; the prefill and the encoder keep
-    the stored ones. A call of fewer than
-    ``VECTOR_KERNEL_MIN_TOKENS`` tokens uses the copies an earlier call made, but makes none
-    (it would not repay them). ``{}`` otherwise."""
+    the stored ones. A call of fewer than ``VECTOR_KERNEL_MIN_TOKENS`` tokens makes none (one
+    call would not repay them) but uses those an earlier call made, unless the model's calls
+    since its last that made them, or could have, reach that many tokens together (short calls
+    repeated: a chat's turns). ``{}`` otherwise."""
     steps, step_rows = options.max_new_tokens, rows * options.num_beams
     if step_rows <= runtime.VECTOR_ROWS and steps > 1 and runtime.cpu_vector_kernels():
         wide = step_rows > 1 or runtime.cpu_gemv_one_row()
-        return params.kept_vector_kernels(model, graphdef, state, widening=wide,
-                                          make=steps >= runtime.VECTOR_KERNEL_MIN_TOKENS)
+        owed = _TOKENS_WITHOUT_COPIES.get(model, 0) + steps
+        make = owed >= runtime.VECTOR_KERNEL_MIN_TOKENS
+        _TOKENS_WITHOUT_COPIES[model] = 0 if make else owed
+        return params.kept_vector_kernels(model, graphdef, state, widening=wide, make=make)
     return {}
 
 
