@@ -36,7 +36,8 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   hold memory while the model lives (GPT-2 small: 198 MB, 340 MB once a call of several rows
   made the wider set), and the call that makes them pays for it, hence the minimum: a shorter
   call makes none but uses those an earlier call made, unless the model's calls since the last
-  that made them (or could have) reach the minimum together. On by default on the CPU backend, off
+  that made them (or could have) reach ``VECTOR_KERNEL_SHORT_TOKENS`` together (that call
+  compiles the loop again). On by default on the CPU backend, off
   elsewhere and under a device mesh; read when ``generate`` is called;
   ``JAXFORMER_CPU_VECTOR_KERNELS=0`` turns it off, ``=1`` forces it (the minimum still holds).
 - :func:`cpu_gemv_one_row`: XLA:CPU compiles a matrix-vector product (its own tiled kernel, not a
@@ -164,13 +165,20 @@ def cpu_vector_head() -> bool:
 
 
 VECTOR_KERNEL_MIN_TOKENS = 32
+# Shorter calls make the copies once a model's calls since the last that made them (or could
+# have) reach this many tokens together: the call that makes them also compiles the generation
+# loop again (GPT-2 small: about 2.7 s, and 61 ms of copying), and each 8-token call then gained
+# about 70 ms, 8.8 ms a token, with XLA's one-row matrix-vector kernel (cpu_gemv_one_row; a
+# twenty-first session, 2026-11-29): some 300 tokens repay it
+VECTOR_KERNEL_SHORT_TOKENS = 256
 
 
 def cpu_vector_kernels() -> bool:
     """Whether generating at most ``VECTOR_ROWS`` rows a step multiplies by copies of weights in
     a faster layout, made by a call of at least ``VECTOR_KERNEL_MIN_TOKENS`` tokens (or by the
-    shorter call that brings a model's calls since the last that made them to that many) and kept
-    with the model (``jaxformer.nn.params.kept_vector_kernels``)."""
+    shorter call that brings a model's calls since the last that made them to
+    ``VECTOR_KERNEL_SHORT_TOKENS``) and kept with the model
+    (``jaxformer.nn.params.kept_vector_kernels``)."""
     return _cpu_rule("JAXFORMER_CPU_VECTOR_KERNELS")
 
 

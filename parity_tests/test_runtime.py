@@ -490,7 +490,7 @@ def test_vector_kernels_serve_long_generation_of_a_few_rows(one_row, monkeypatch
     one-row set was kept; a later one-row call keeps the wider set). A call of at least
     ``VECTOR_KERNEL_MIN_TOKENS`` tokens makes them; a shorter one makes none (it would not repay
     them) but uses those an earlier call made, unless the model's calls since the last that made
-    them reach the minimum together; a call of one token has no steps."""
+    them reach ``VECTOR_KERNEL_SHORT_TOKENS`` together; a call of one token has no steps."""
     from flax import nnx
 
     from jaxformer.generation import checks, decoding
@@ -545,9 +545,12 @@ def test_vector_kernels_serve_long_generation_of_a_few_rows(one_row, monkeypatch
         options, _ = checks.check_generate(vocab_size=29, max_new_tokens=tokens)
         return decoding._vector_steps(short, *nnx.split(short), 1, options)
 
-    assert not short_copies(new // 2)
-    assert not short_copies(new - new // 2 - 1)  # together one token short
-    made = short_copies(2)  # the call that reaches the minimum makes them
+    calls, rest = divmod(runtime.VECTOR_KERNEL_SHORT_TOKENS - 1, new - 1)
+    for _ in range(calls):
+        assert not short_copies(new - 1)
+    if rest > 1:
+        assert not short_copies(rest)  # together one token short
+    made = short_copies(2)  # the call that reaches them makes the copies
     assert made
     assert short_copies(2) is made  # and the next short call uses them
 

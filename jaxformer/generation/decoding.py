@@ -22,7 +22,7 @@ from jaxformer.models.gpt import GPT
 from jaxformer.nn import params
 
 # model -> the new tokens of its calls since its last call that made (or could have made) kernel
-# copies: shorter calls make none, until together they reach VECTOR_KERNEL_MIN_TOKENS
+# copies: shorter calls make none, until together they reach runtime.VECTOR_KERNEL_SHORT_TOKENS
 _TOKENS_WITHOUT_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -33,13 +33,14 @@ def _vector_steps(model, graphdef, state, rows: int, options) -> dict:
     ``runtime.cpu_gemv_one_row``), which the loop multiplies by; the prefill and the encoder keep
     the stored ones. A call of fewer than ``VECTOR_KERNEL_MIN_TOKENS`` tokens makes none (one
     call would not repay them) but uses those an earlier call made, unless the model's calls
-    since its last that made them, or could have, reach that many tokens together (short calls
-    repeated: a chat's turns). ``{}`` otherwise."""
+    since its last that made them, or could have, reach ``VECTOR_KERNEL_SHORT_TOKENS`` together
+    (short calls repeated: a chat's turns). ``{}`` otherwise."""
     steps, step_rows = options.max_new_tokens, rows * options.num_beams
     if step_rows <= runtime.VECTOR_ROWS and steps > 1 and runtime.cpu_vector_kernels():
         wide = step_rows > 1 or runtime.cpu_gemv_one_row()
         owed = _TOKENS_WITHOUT_COPIES.get(model, 0) + steps
-        make = owed >= runtime.VECTOR_KERNEL_MIN_TOKENS
+        make = (steps >= runtime.VECTOR_KERNEL_MIN_TOKENS
+                or owed >= runtime.VECTOR_KERNEL_SHORT_TOKENS)
         _TOKENS_WITHOUT_COPIES[model] = 0 if make else owed
         return params.kept_vector_kernels(model, graphdef, state, widening=wide, make=make)
     return {}
