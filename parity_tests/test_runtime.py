@@ -104,7 +104,7 @@ def test_gemv_one_row_is_added_to_xla_flags_when_it_can_work(before, env, flags,
 GEMV_BITS = """
 import numpy as np
 from jaxformer import runtime
-import jax, jax.numpy as jnp
+import jax
 rng = np.random.default_rng(0)
 w = rng.standard_normal((2304, 768), dtype=np.float32)
 x = rng.standard_normal(768, dtype=np.float32)
