@@ -75,11 +75,10 @@ print(repr(os.environ.get("XLA_FLAGS")), runtime.cpu_gemv_one_row())
 ONE_ROW = "--xla_backend_extra_options=xla_llvm_dot_tiling_factor=1"
 
 
-def _without_one_row(**env: str) -> dict[str, str | None]:
-    """``env`` over this process's ``XLA_FLAGS`` without the option (the suite's own process has
-    it) and without the switch."""
-    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f != ONE_ROW)
-    return {"XLA_FLAGS": flags or None, "JAXFORMER_CPU_GEMV_ONE_ROW": None, **env}
+def _gemv_env(xla_flags: str, **env: str) -> dict[str, str | None]:
+    """``env`` over ``XLA_FLAGS`` = ``xla_flags`` (unset when empty) and no switch: the suite's own
+    process has the option in its flags."""
+    return {"XLA_FLAGS": xla_flags or None, "JAXFORMER_CPU_GEMV_ONE_ROW": None, **env}
 
 
 @pytest.mark.parametrize(("before", "env", "flags", "one_row"), [
@@ -96,8 +95,7 @@ def test_gemv_one_row_is_added_to_xla_flags_when_it_can_work(before, env, flags,
     """``runtime.cpu_gemv_one_row``: the option goes into ``XLA_FLAGS`` when ``jaxformer.runtime``
     is imported before JAX starts its CPU backend, after the user's flags, never over backend
     options the user passes; the function says whether the process has it."""
-    output = _python(GEMV_PROBE.format(before=before),
-                     **{"XLA_FLAGS": None, "JAXFORMER_CPU_GEMV_ONE_ROW": None, **env})
+    output = _python(GEMV_PROBE.format(before=before), **_gemv_env("", **env))
     assert output.split("\n")[-2] == f"{flags or None!r} {one_row}"
 
 
@@ -117,15 +115,17 @@ def test_gemv_one_row_reaches_xla_and_changes_only_the_rounding(tmp_path):
     another summation order with it (the last bits of some outputs differ: the kernel that reads
     one row at a time ran) and the same values within float32 rounding."""
     outputs = {}
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f != ONE_ROW)
     for switch in ("1", "0"):
         path = tmp_path / f"{switch}.npy"
         _python(GEMV_BITS.format(path=str(path)),
-                **_without_one_row(JAXFORMER_CPU_GEMV_ONE_ROW=switch))
+                **_gemv_env(flags, JAXFORMER_CPU_GEMV_ONE_ROW=switch))
         outputs[switch] = np.load(path)
     assert not np.array_equal(outputs["1"], outputs["0"])
     scale = np.abs(outputs["0"]).max()
-    # measured: 53-54% of the outputs differ, by at most 7.7e-8 of the largest, natively (an
-    # AVX-512 EPYC) and capped to AVX2 and to AVX; the bound is 5x that
+    # measured (2026-11-29): 53-54% of the outputs differ, by at most 7.7e-8 of the largest,
+    # natively (an AVX-512 EPYC) and capped to AVX2 and to AVX, 2 threads and one core (each row
+    # is summed by one task, whatever the threads); the bound is 5x that
     np.testing.assert_allclose(outputs["1"], outputs["0"], rtol=0, atol=4e-7 * scale)
 
 
