@@ -38,14 +38,15 @@ implementation, remat, scanned layers, matmul precision, XLA compiler options su
 ``no-triton-gemm``; several joined by ``+``) to the same interleaved rounds, for the experiments
 recorded in results/ (``--jax-only`` leaves torch out); XLA flags that are not compiler options
 need a process each (``--xla-flags ... --tag ...``). ``--profile DIR`` writes a ``jax.profiler``
-trace of two steps of each jaxformer candidate after the timed rounds, which
-``profile_summary.py`` sums by kernel. ``--updates-per-call K`` times K updates per call
-(every candidate), and the ``late-fetch`` variant dispatches each of them before reading the
-previous one's metrics (``TrainStep.dispatch``/``fetch``), so the host's work between updates
-overlaps the device's. Memory: GPT-2 with its three candidates holds about
-10 GB; each extra variant ~3 GB. On a shared machine time one thread in process CPU time
-(``taskset -c 1 ... --threads 1 --clock cpu``, benchmarks/README.md); a GPT-2 step then takes
-13-19 s of CPU.
+trace of two steps of each jaxformer candidate after the timed rounds, and the compiled
+program's text beside it, which ``profile_summary.py`` sums by kernel (on the CPU, where XLA is
+then asked to record its operations, also the steps' wall time by kind of operation).
+``--updates-per-call K`` times K updates per call (every candidate), and the ``late-fetch``
+variant dispatches each of them before reading the previous one's metrics
+(``TrainStep.dispatch``/``fetch``), so the host's work between updates overlaps the device's.
+Memory: GPT-2 with its three candidates holds about 10 GB; each extra variant ~3 GB. On a shared
+machine time one thread in process CPU time (``taskset -c 1 ... --threads 1 --clock cpu``,
+benchmarks/README.md); a GPT-2 step then takes 13-19 s of CPU.
 
     python benchmarks/bench_train.py                      # both models, 5 rounds (minutes)
     python benchmarks/bench_train.py --quick --no-save    # tiny models: a smoke run (minutes:
@@ -60,8 +61,10 @@ import dataclasses
 import os
 import sys
 import time
+from pathlib import Path
 
 import harness
+from profile_summary import CPU_OP_EVENTS, PROGRAM_TEXT
 
 WORKLOADS = {
     "gpt2": dict(family="gpt", preset="gpt2", label="GPT-2 small, causal LM", batch=4, seq=256),
@@ -327,6 +330,9 @@ def bench_workload(name, args, bench):
             with jax.profiler.trace(where, create_perfetto_trace=True), switches(precision):
                 for _ in range(2):
                     jax.block_until_ready(trainer(batch))
+            with switches(precision):  # the program's operations, for profile_summary.py
+                program = trainer._lower(batch).compile().as_text()
+            (Path(where) / PROGRAM_TEXT).write_text(program)
             print(f"{name}: profile of {key} written under {where} "
                   f"(benchmarks/profile_summary.py {where})", flush=True)
     notes = {}
@@ -410,6 +416,8 @@ def parse_args(argv=None):
                 "first-step losses would not match")
     if args.updates_per_call < 1:
         p.error(f"--updates-per-call must be at least 1, got {args.updates_per_call}")
+    if args.profile and args.device == "cpu":  # XLA:CPU records its operations in the trace
+        args.xla_flags = f"{args.xla_flags} {CPU_OP_EVENTS}".strip()  # only when asked to
     if args.quick:
         args.repeats, args.warmup = min(args.repeats, 2), min(args.warmup, 1)
         args.peak_size, args.peak_repeats = args.peak_size or 256, min(args.peak_repeats, 2)

@@ -9,6 +9,17 @@ elementwise and reductions, copies).
 DIR is searched for the newest ``perfetto_trace.json.gz`` under it. Busy time is the sum of the
 events' durations on one thread (a GPU stream runs one kernel at a time; on the host, nested
 Python frames count more than once, so read the host threads' names, not their totals).
+
+On the CPU, XLA records each operation it runs (a fusion, a library product, a loop) when the
+process starts with ``--xla_cpu_enable_xprof_traceme=true`` in ``XLA_FLAGS`` (``bench_train.py
+--profile`` adds it). Its operations run on two or more threads at once, so per-thread sums do
+not say where a step's time goes; the summary then also splits the wall time of the longest
+program calls (the steps) among the operations running at each instant, an operation's product
+or reduction running on both threads counting once, and sorts them into kinds: products,
+reductions, elementwise loops, copies, indexing (gathers, scatters, slices), and idle time.
+The program's compiled text (``program.hlo.txt`` beside the trace, which ``bench_train.py``
+writes; or ``--program FILE``, ``jax.jit(f).lower(...).compile().as_text()``) gives each
+operation's kind, shape and source; without it the kind is guessed from the name.
 """
 
 from __future__ import annotations
@@ -35,6 +46,115 @@ def kind(name: str) -> str:
     return next((k for k, pattern in KINDS if pattern.search(name)), "other")
 
 
+# XLA:CPU's operations as trace events (see the module docstring), and where bench_train.py
+# writes the program they belong to.
+CPU_OP_EVENTS = "--xla_cpu_enable_xprof_traceme=true"
+PROGRAM_TEXT = "program.hlo.txt"
+# a program's execution, on each thread that takes part (nested: a loop's body executes
+# inside); merged where they overlap, one call of a program
+CPU_EXECUTE = "ThunkExecutor::Execute"
+_CPU_RUNTIME = ("ThunkExecutor", "SlinkyThreadPool", "ThreadpoolListener", "end: ")
+# kinds of operation by the opcodes inside them (a fusion's: its fused computation's), the first
+# that matches: a fusion that multiplies and transposes is a copy, one that also reduces a
+# reduction
+_KIND_OPCODES = (("products", {"dot", "convolution"}), ("reductions", {"reduce", "reduce-window"}),
+                 ("indexing", {"gather", "scatter", "dynamic-slice", "dynamic-update-slice"}),
+                 ("copies", {"copy", "transpose"}))
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.+?) ([\w\-]+)\((.*)$")
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{$")
+
+
+def _kind_of(opcodes) -> str:
+    return next((k for k, some in _KIND_OPCODES if some & set(opcodes)), "elementwise")
+
+
+def program_operations(text: str) -> dict[str, dict]:
+    """A compiled XLA program's text -> ``{instruction: {kind, shape, source}}``; a fusion's kind
+    is that of the opcodes of its fused computation (a YNNPACK fusion of a dot is a product)."""
+    inside, found, computation = collections.defaultdict(set), {}, None
+    for line in text.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            computation = header.group(1)
+            continue
+        m = _INSTRUCTION.match(line)
+        if not m:
+            continue
+        name, shape, opcode, rest = m.groups()
+        inside[computation].add(opcode)
+        calls = re.search(r"calls=%?([\w.\-]+)", rest)
+        source = re.search(r'op_name="([^"]*)"', rest)
+        found[name] = {"opcodes": calls.group(1) if opcode == "fusion" and calls else {opcode},
+                       "shape": re.sub(r"\{[^}]*\}", "", shape),
+                       "source": source.group(1) if source else ""}
+    for op in found.values():
+        opcodes = op.pop("opcodes")
+        op["kind"] = _kind_of(inside[opcodes] if isinstance(opcodes, str) else opcodes)
+    return found
+
+
+def _guessed_kind(name: str) -> str:
+    """An operation's kind from its name alone (XLA names a fusion by the ops it fuses)."""
+    words = set(re.split(r"[_.]", re.sub(r"\.\d+$", "", name)))
+    if "ynn" in words:
+        return "library fusions"  # YNNPACK's: a product or a reduction
+    return _kind_of(words)
+
+
+def cpu_calls(events: list, thread_names: dict, program: dict | None, top: int) -> dict | None:
+    """The wall time of the longest calls of XLA:CPU programs (those at least half as long as
+    the longest: the profiled steps), split among the operations running at each instant: an
+    interval with k operations running gives each 1/k of it; none running is idle. None when
+    the trace has no operation events (a GPU trace, or no ``CPU_OP_EVENTS``)."""
+    lanes = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and "XLA" in thread_names.get((e["pid"], e.get("tid")), "") \
+                and not e["name"].startswith(_CPU_RUNTIME):
+            lanes[(e["pid"], e.get("tid"))].append(e)
+    leaves = []
+    for lane in lanes.values():  # an event holding others on its thread (a loop) is not counted
+        lane.sort(key=lambda e: (e["ts"], -e["dur"]))  # a loop before its first operation
+        leaves += [e for e, after in zip(lane, [*lane[1:], None])
+                   if after is None or after["ts"] >= e["ts"] + e["dur"]]
+    calls: list[list[float]] = []
+    for e in sorted((e for e in events if e.get("ph") == "X"
+                     and e["name"].startswith(CPU_EXECUTE)), key=lambda e: e["ts"]):
+        if calls and e["ts"] <= calls[-1][1]:
+            calls[-1][1] = max(calls[-1][1], e["ts"] + e["dur"])
+        else:
+            calls.append([e["ts"], e["ts"] + e["dur"]])
+    calls = sorted((c for c in calls if any(c[0] <= e["ts"] < c[1] for e in leaves)),
+                   key=lambda c: c[0] - c[1])
+    if not calls:
+        return None
+    calls = [c for c in calls if c[1] - c[0] >= (calls[0][1] - calls[0][0]) / 2]
+    per_op, per_kind = collections.Counter(), collections.Counter()
+    for start, end in calls:
+        inside = [e for e in leaves if start <= e["ts"] < end]
+        points = sorted([(e["ts"], 1, i) for i, e in enumerate(inside)]
+                        + [(min(e["ts"] + e["dur"], end), -1, i) for i, e in enumerate(inside)])
+        running, last = set(), start
+        for t, step, i in points:
+            for j in running:
+                per_op[inside[j]["name"]] += (t - last) / len(running)
+            if not running:
+                per_kind["idle"] += t - last
+            (running.add if step > 0 else running.discard)(i)
+            last = t
+        per_kind["idle"] += end - last
+    n = len(calls)
+    rows = []
+    for name, us in per_op.most_common():
+        op = (program or {}).get(name) or {"kind": _guessed_kind(name), "shape": "", "source": ""}
+        per_kind[op["kind"]] += us
+        rows.append({"name": name, "ms": us / n / 1e3, **op})
+    wall = sum(end - start for start, end in calls) / n
+    return {"calls": n, "wall_ms": wall / 1e3,
+            "kinds": {k: {"ms": us / n / 1e3, "share": us / n / wall}
+                      for k, us in per_kind.most_common()},
+            "top": rows[:top]}
+
+
 def find_trace(path: Path) -> Path:
     if path.is_file():
         return path
@@ -45,7 +165,7 @@ def find_trace(path: Path) -> Path:
     return traces[-1]
 
 
-def summarize(trace: Path, top: int) -> dict:
+def summarize(trace: Path, top: int, program: Path | None = None) -> dict:
     with gzip.open(trace, "rt") as f:
         data = json.load(f)
     events = data["traceEvents"] if isinstance(data, dict) else data
@@ -77,6 +197,12 @@ def summarize(trace: Path, top: int) -> dict:
                 kinds[kind(n)] += t
             lane["kinds"] = {k: {"us": t, "share": t / busy} for k, t in kinds.most_common()}
         out["threads"].append(lane)
+    program = program or next((p / PROGRAM_TEXT for p in trace.parents
+                               if (p / PROGRAM_TEXT).is_file()), None)
+    operations = program_operations(program.read_text()) if program else None
+    cpu = cpu_calls(events, threads, operations, top)
+    if cpu is not None:
+        out["cpu_calls"] = {"program": str(program) if program else None, **cpu}
     return out
 
 
@@ -89,6 +215,16 @@ def print_summary(s: dict) -> None:
             print(f"  kind {k:<10} {v['us'] / 1e3:9.2f} ms  {100 * v['share']:5.1f}%")
         for row in lane["top"]:
             print(f"  {row['us'] / 1e3:9.3f} ms {100 * row['share']:5.1f}%  {row['name'][:110]}")
+    cpu = s.get("cpu_calls")
+    if cpu:
+        print(f"\nXLA:CPU, wall time by operation over the {cpu['calls']} longest program "
+              f"call(s), {cpu['wall_ms']:.2f} ms a call; kinds from "
+              f"{cpu['program'] or 'the names (no program text)'}")
+        for k, v in cpu["kinds"].items():
+            print(f"  kind {k:<16} {v['ms']:9.2f} ms  {100 * v['share']:5.1f}%")
+        for row in cpu["top"]:
+            print(f"  {row['ms']:9.3f} ms  {row['kind']:<16} {row['name']:<28} "
+                  f"{row['shape'][:40]:<40} {row['source'][-60:]}")
 
 
 def main(argv=None) -> int:
@@ -96,8 +232,13 @@ def main(argv=None) -> int:
     p.add_argument("path", type=Path, help="a perfetto_trace.json.gz or a directory above one")
     p.add_argument("--top", type=int, default=25, help="names listed per thread")
     p.add_argument("--json", type=Path, default=None, help="also write the summary here")
+    p.add_argument("--program", type=Path, default=None,
+                   help=f"the compiled program's text (default: {PROGRAM_TEXT} in the trace's "
+                        "directory or one above it)")
     args = p.parse_args(argv)
-    summary = summarize(find_trace(args.path), args.top)
+    if args.program is not None and not args.program.is_file():
+        p.error(f"--program {args.program}: no such file")
+    summary = summarize(find_trace(args.path), args.top, args.program)
     print_summary(summary)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
