@@ -19,15 +19,20 @@ or reduction running on both threads counting once, and sorts them into kinds: p
 reductions, elementwise loops, copies, indexing (gathers, scatters, slices), and idle time.
 The program's compiled text (``program.hlo.txt`` beside the trace, which ``bench_train.py``
 writes; or ``--program FILE``, ``jax.jit(f).lower(...).compile().as_text()``) gives each
-operation's kind, shape and source; without it the kind is guessed from the name.
+operation's kind, shape, source and, for products, floating-point operations, hence a rate:
+that of the products together is the one to read, an operation's own counts the time it ran
+beside another as half its (XLA runs independent products at once, say a layer's weight and
+input gradients). Without the program text the kind is guessed from the name.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import gzip
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -53,7 +58,12 @@ PROGRAM_TEXT = "program.hlo.txt"
 # a program's execution, on each thread that takes part (nested: a loop's body executes
 # inside); merged where they overlap, one call of a program
 CPU_EXECUTE = "ThunkExecutor::Execute"
-_CPU_RUNTIME = ("ThunkExecutor", "SlinkyThreadPool", "ThreadpoolListener", "end: ")
+_CPU_RUNTIME = ("ThunkExecutor", "SlinkyThreadPool", "ThreadpoolListener")
+# XLA's own products (an unfused dot or convolution) run on Eigen's thread pool: the event
+# returns when the work is handed over, the "end: NAME" marker comes where it finished (other
+# operations' markers can come late: the thread that notes them may be busy elsewhere)
+_CPU_DONE = "end: "
+_CPU_HANDED_OVER = re.compile(r"^(dot|dot_general|convolution)(\.\d+)?$")
 # kinds of operation by the opcodes inside them (a fusion's: its fused computation's), the first
 # that matches: a fusion that multiplies and transposes is a copy, one that also reduces a
 # reduction
@@ -68,10 +78,17 @@ def _kind_of(opcodes) -> str:
     return next((k for k, some in _KIND_OPCODES if some & set(opcodes)), "elementwise")
 
 
+def _dims(shape: str) -> list[int]:
+    return [int(d) for d in re.findall(r"\d+", shape.partition("[")[2].partition("]")[0])]
+
+
 def program_operations(text: str) -> dict[str, dict]:
-    """A compiled XLA program's text -> ``{instruction: {kind, shape, source}}``; a fusion's kind
-    is that of the opcodes of its fused computation (a YNNPACK fusion of a dot is a product)."""
-    inside, found, computation = collections.defaultdict(set), {}, None
+    """A compiled XLA program's text -> ``{instruction: {kind, shape, source, flop}}``; a
+    fusion's kind is that of the opcodes of its fused computation (a YNNPACK fusion of a dot is a
+    product), its ``flop`` the multiply-adds of the dots in it, times 2 (instruction names are
+    unique in a module, so an operand's shape is found by its name)."""
+    inside, flop = collections.defaultdict(set), collections.Counter()
+    found, shapes, computation = {}, {}, None
     for line in text.splitlines():
         header = _COMPUTATION.match(line)
         if header:
@@ -81,15 +98,23 @@ def program_operations(text: str) -> dict[str, dict]:
         if not m:
             continue
         name, shape, opcode, rest = m.groups()
+        shapes[name] = shape = re.sub(r"\{[^}]*\}", "", shape)
         inside[computation].add(opcode)
+        axes = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
+        lhs = _dims(shapes.get(re.match(r"%?([\w.\-]*)", rest).group(1), ""))
+        if opcode == "dot" and axes and lhs:  # an operand not found: no count
+            contracted = math.prod(lhs[int(a)] for a in axes.group(1).split(",") if a)
+            flop[name] = 2 * math.prod(_dims(shape)) * contracted
+            flop[computation] += flop[name]
         calls = re.search(r"calls=%?([\w.\-]+)", rest)
         source = re.search(r'op_name="([^"]*)"', rest)
-        found[name] = {"opcodes": calls.group(1) if opcode == "fusion" and calls else {opcode},
-                       "shape": re.sub(r"\{[^}]*\}", "", shape),
+        found[name] = {"calls": calls.group(1) if opcode == "fusion" and calls else None,
+                       "opcode": opcode, "shape": shape,
                        "source": source.group(1) if source else ""}
-    for op in found.values():
-        opcodes = op.pop("opcodes")
-        op["kind"] = _kind_of(inside[opcodes] if isinstance(opcodes, str) else opcodes)
+    for name, op in found.items():
+        calls, opcode = op.pop("calls"), op.pop("opcode")
+        op["kind"] = _kind_of(inside[calls] if calls else {opcode})
+        op["flop"] = flop[calls] if calls else flop[name]
     return found
 
 
@@ -104,18 +129,29 @@ def _guessed_kind(name: str) -> str:
 def cpu_calls(events: list, thread_names: dict, program: dict | None, top: int) -> dict | None:
     """The wall time of the longest calls of XLA:CPU programs (those at least half as long as
     the longest: the profiled steps), split among the operations running at each instant: an
-    interval with k operations running gives each 1/k of it; none running is idle. None when
-    the trace has no operation events (a GPU trace, or no ``CPU_OP_EVENTS``)."""
-    lanes = collections.defaultdict(list)
+    interval with k operations running gives each 1/k of it; none running is idle. An operation
+    handed to Eigen's pool runs to its "end:" marker. None when the trace has no operation
+    events (a GPU trace, or no ``CPU_OP_EVENTS``)."""
+    lanes, finished = collections.defaultdict(list), collections.defaultdict(list)
     for e in events:
-        if e.get("ph") == "X" and "XLA" in thread_names.get((e["pid"], e.get("tid")), "") \
-                and not e["name"].startswith(_CPU_RUNTIME):
+        if e.get("ph") != "X" or "XLA" not in thread_names.get((e["pid"], e.get("tid")), ""):
+            continue
+        if e["name"].startswith(_CPU_DONE):
+            finished[e["name"][len(_CPU_DONE):]].append(e["ts"] + e["dur"])
+        elif not e["name"].startswith(_CPU_RUNTIME):
             lanes[(e["pid"], e.get("tid"))].append(e)
+    for times in finished.values():
+        times.sort()
     leaves = []
     for lane in lanes.values():  # an event holding others on its thread (a loop) is not counted
         lane.sort(key=lambda e: (e["ts"], -e["dur"]))  # a loop before its first operation
-        leaves += [e for e, after in zip(lane, [*lane[1:], None])
-                   if after is None or after["ts"] >= e["ts"] + e["dur"]]
+        for e, after in zip(lane, [*lane[1:], None]):
+            if after is None or after["ts"] >= e["ts"] + e["dur"]:
+                times = finished.get(e["name"], []) if _CPU_HANDED_OVER.match(e["name"]) else []
+                done = times[bisect.bisect_left(times, e["ts"])] \
+                    if times and times[-1] >= e["ts"] else e["ts"] + e["dur"]
+                leaves.append({"name": e["name"], "ts": e["ts"],
+                               "dur": max(done, e["ts"] + e["dur"]) - e["ts"]})
     calls: list[list[float]] = []
     for e in sorted((e for e in events if e.get("ph") == "X"
                      and e["name"].startswith(CPU_EXECUTE)), key=lambda e: e["ts"]):
@@ -144,13 +180,18 @@ def cpu_calls(events: list, thread_names: dict, program: dict | None, top: int) 
         per_kind["idle"] += end - last
     n = len(calls)
     rows = []
+    flop = collections.Counter()
     for name, us in per_op.most_common():
-        op = (program or {}).get(name) or {"kind": _guessed_kind(name), "shape": "", "source": ""}
+        op = (program or {}).get(name) or {"kind": _guessed_kind(name), "shape": "", "source": "",
+                                           "flop": 0}
         per_kind[op["kind"]] += us
-        rows.append({"name": name, "ms": us / n / 1e3, **op})
+        flop[op["kind"]] += op["flop"]
+        rows.append({"name": name, "ms": us / n / 1e3, **op,
+                     "gflop_per_s": op["flop"] * n / us / 1e3 if op["flop"] and us else None})
     wall = sum(end - start for start, end in calls) / n
     return {"calls": n, "wall_ms": wall / 1e3,
-            "kinds": {k: {"ms": us / n / 1e3, "share": us / n / wall}
+            "kinds": {k: {"ms": us / n / 1e3, "share": us / n / wall,
+                          "gflop_per_s": flop[k] * n / us / 1e3 if flop[k] and us else None}
                       for k, us in per_kind.most_common()},
             "top": rows[:top]}
 
@@ -220,11 +261,13 @@ def print_summary(s: dict) -> None:
         print(f"\nXLA:CPU, wall time by operation over the {cpu['calls']} longest program "
               f"call(s), {cpu['wall_ms']:.2f} ms a call; kinds from "
               f"{cpu['program'] or 'the names (no program text)'}")
+        def rate(v):
+            return f"{v['gflop_per_s']:6.1f} GFLOP/s" if v["gflop_per_s"] else " " * 14
         for k, v in cpu["kinds"].items():
-            print(f"  kind {k:<16} {v['ms']:9.2f} ms  {100 * v['share']:5.1f}%")
+            print(f"  kind {k:<16} {v['ms']:9.2f} ms  {100 * v['share']:5.1f}%  {rate(v)}")
         for row in cpu["top"]:
-            print(f"  {row['ms']:9.3f} ms  {row['kind']:<16} {row['name']:<28} "
-                  f"{row['shape'][:40]:<40} {row['source'][-60:]}")
+            print(f"  {row['ms']:9.3f} ms  {row['kind']:<16} {rate(row)}  {row['name']:<28} "
+                  f"{row['shape'][:32]:<32} {row['source'][-50:]}")
 
 
 def main(argv=None) -> int:

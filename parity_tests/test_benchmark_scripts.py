@@ -73,25 +73,30 @@ def test_bench_train_runs_and_its_profile_is_summarised(tmp_path):
     assert cpu["program"].endswith("program.hlo.txt"), cpu
     assert sum(k["ms"] for k in cpu["kinds"].values()) == pytest.approx(cpu["wall_ms"], rel=1e-6)
     assert cpu["kinds"]["products"]["ms"] > 0, cpu
+    assert cpu["kinds"]["products"]["gflop_per_s"] > 0, cpu  # the products' sizes were read
     assert all(row["kind"] != "library fusions" and row["shape"] for row in cpu["top"]), cpu
 
 
 def test_profile_summary_splits_cpu_wall_time(tmp_path):
     """The wall time of a call is shared among the operations running at each instant (two
     overlapping ones half each), the rest of the call is idle; a fusion's kind comes from its
-    fused computation in the program text, an operation not in it is guessed by name, and an
-    event holding others on its thread (a loop) is not counted."""
+    fused computation in the program text, an operation not in it is guessed by name, an event
+    holding others on its thread (a loop) is not counted, and XLA's own dot (handed to Eigen's
+    pool) runs until its "end:" marker, which other operations' markers do not extend."""
     meta = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": t, "args": {"name": n}}
             for t, n in ((1, "tf_XLAPjRtCpuClient/1"), (2, "tf_XLAEigen/2"))]
     ops = [("ThunkExecutor::Execute", 1, 0, 100), ("ynn_fusion.7", 1, 0, 60),
-           ("while.1", 1, 0, 61), ("multiply_add_fusion", 2, 40, 40)]
+           ("while.1", 1, 0, 61), ("multiply_add_fusion", 2, 40, 40), ("dot.3", 1, 80, 2),
+           ("end: dot.3", 2, 95, 0), ("end: multiply_add_fusion", 1, 99, 0)]
     events = meta + [{"ph": "X", "name": n, "pid": 1, "tid": t, "ts": ts, "dur": d}
                      for n, t, ts, d in ops]
     with gzip.open(tmp_path / "perfetto_trace.json.gz", "wt") as f:
         json.dump({"traceEvents": events}, f)
     (tmp_path / "program.hlo.txt").write_text(
         "%fused_computation.7 (p0: f32[4,8], p1: f32[8,2]) -> f32[4,2] {\n"
-        "  ROOT %dot.1 = f32[4,2]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}\n}\n"
+        "  %p0 = f32[4,8]{1,0} parameter(0)\n  %p1 = f32[8,2]{1,0} parameter(1)\n"
+        "  ROOT %dot.1 = f32[4,2]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, "
+        "rhs_contracting_dims={0}\n}\n"
         "ENTRY %main (a: f32[4,8], b: f32[8,2]) -> f32[4,2] {\n"
         "  ROOT %ynn_fusion.7 = f32[4,2]{1,0} fusion(%a, %b), kind=kCustom, "
         'calls=%fused_computation.7, metadata={op_name="jit(f)/dot_general"}\n}\n')
@@ -103,10 +108,13 @@ def test_profile_summary_splits_cpu_wall_time(tmp_path):
     assert cpu["calls"] == 1
     assert cpu["wall_ms"] == pytest.approx(0.1)
     assert {k: round(v["ms"] * 1e3, 6) for k, v in cpu["kinds"].items()} == {
-        "products": 50.0, "elementwise": 30.0, "idle": 20.0}
+        "products": 65.0, "elementwise": 30.0, "idle": 5.0}
     assert [(r["name"], r["kind"], r["shape"], r["source"]) for r in cpu["top"]] == [
         ("ynn_fusion.7", "products", "f32[4,2]", "jit(f)/dot_general"),
-        ("multiply_add_fusion", "elementwise", "", "")]
+        ("multiply_add_fusion", "elementwise", "", ""), ("dot.3", "products", "", "")]
+    # the fusion's one product: 2 x (4 x 2 outputs) x 8 terms over 50 us of wall time
+    assert cpu["top"][0]["flop"] == 128
+    assert cpu["top"][0]["gflop_per_s"] == pytest.approx(128 / 50e-6 / 1e9)
 
 
 def test_bench_train_refuses_dropout_across_frameworks():
