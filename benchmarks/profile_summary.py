@@ -274,7 +274,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("path", type=Path, help="a perfetto_trace.json.gz or a directory above one")
     p.add_argument("--top", type=int, default=25, help="names listed per thread")
-    p.add_argument("--json", type=Path, default=None, help="also write the summary here")
+    p.add_argument("--json", type=Path, default=None,
+                   help="also write the summary here (and, for a CPU trace, its kinds as a PNG "
+                        "beside it)")
     p.add_argument("--program", type=Path, default=None,
                    help=f"the compiled program's text (default: {PROGRAM_TEXT} in the trace's "
                         "directory or one above it)")
@@ -285,7 +287,30 @@ def main(argv=None) -> int:
     print_summary(summary)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
+        if "cpu_calls" in summary:
+            plot_cpu_calls(summary["cpu_calls"], args.json.with_suffix(".png"))
     return 0
+
+
+def plot_cpu_calls(cpu: dict, path: Path) -> None:
+    """The CPU wall time by kind of operation, as bars (next to the ``--json`` file)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = list(cpu["kinds"].items())[::-1]
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(kinds) + 1.2))
+    ax.barh([k for k, _ in kinds], [v["ms"] for _, v in kinds], color="tab:blue")
+    for i, (_, v) in enumerate(kinds):
+        rate = f", {v['gflop_per_s']:.0f} GFLOP/s" if v["gflop_per_s"] else ""
+        ax.text(v["ms"], i, f" {v['ms']:.1f} ms ({100 * v['share']:.1f}%{rate})", va="center")
+    ax.set_xlim(0, 1.45 * max(v["ms"] for _, v in kinds))
+    ax.set_xlabel("ms of wall time per call")
+    ax.set_title(f"XLA:CPU, {cpu['wall_ms']:.1f} ms a call ({cpu['calls']} calls)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,7 @@ def test_bench_train_runs_and_its_profile_is_summarised(tmp_path):
     assert sum(k["ms"] for k in cpu["kinds"].values()) == pytest.approx(cpu["wall_ms"], rel=1e-6)
     assert cpu["kinds"]["products"]["ms"] > 0, cpu
     assert cpu["kinds"]["products"]["gflop_per_s"] > 0, cpu  # the products' sizes were read
+    assert summary.with_suffix(".png").stat().st_size > 0
     assert all(row["kind"] != "library fusions" and row["shape"] for row in cpu["top"]), cpu
 
 
