@@ -100,12 +100,13 @@ def program_operations(text: str) -> dict[str, dict]:
         name, shape, opcode, rest = m.groups()
         shapes[name] = shape = re.sub(r"\{[^}]*\}", "", shape)
         inside[computation].add(opcode)
-        axes = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
-        lhs = _dims(shapes.get(re.match(r"%?([\w.\-]*)", rest).group(1), ""))
-        if opcode == "dot" and axes and lhs:  # an operand not found: no count
-            contracted = math.prod(lhs[int(a)] for a in axes.group(1).split(",") if a)
-            flop[name] = 2 * math.prod(_dims(shape)) * contracted
-            flop[computation] += flop[name]
+        if opcode == "dot":
+            axes = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
+            lhs = _dims(shapes.get(re.match(r"%?([\w.\-]*)", rest).group(1), ""))
+            if axes and lhs:  # an operand not found: no count
+                contracted = math.prod(lhs[int(a)] for a in axes.group(1).split(",") if a)
+                flop[name] = 2 * math.prod(_dims(shape)) * contracted
+                flop[computation] += flop[name]
         calls = re.search(r"calls=%?([\w.\-]+)", rest)
         source = re.search(r'op_name="([^"]*)"', rest)
         found[name] = {"calls": calls.group(1) if opcode == "fusion" and calls else None,
