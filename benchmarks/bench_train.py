@@ -176,15 +176,17 @@ def make_batch(family: str, cfg, tc, seed: int) -> tuple[dict, int | None]:
     return {k: np.asarray(v).astype(np.int32)[None] for k, v in out.items()}, head_positions
 
 
-def compile_jax(trainer, batch) -> tuple[float, dict]:
+def compile_jax(trainer, batch):
     """``lower`` + ``compile`` of the step's jitted update (its executable is cached, so the
-    first call only traces): seconds, and XLA's cost analysis of the compiled program."""
+    first call only traces): seconds, XLA's cost analysis of the compiled program, and the
+    compiled program (``--profile`` writes its text beside the trace)."""
     t0 = time.perf_counter()
     compiled = trainer._lower(batch).compile()
     seconds = time.perf_counter() - t0
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
-    return seconds, {k: float(cost[k]) for k in ("flops", "bytes accessed") if k in cost}
+    return (seconds, {k: float(cost[k]) for k in ("flops", "bytes accessed") if k in cost},
+            compiled)
 
 
 @contextlib.contextmanager
@@ -264,7 +266,8 @@ def bench_workload(name, args, bench):
     if not (args.no_compile or args.jax_only):
         trainers["torch_ref compile"] = build("torch", compile=True)
 
-    compile_s, xla_cost, first_s, losses = {}, {}, {}, {k: [] for k in trainers}
+    compile_s, xla_cost, programs, first_s = {}, {}, {}, {}
+    losses: dict = {k: [] for k in trainers}
 
     def call(key):
         trainer, precision = jax_steps.get(key, (trainers[key], None))
@@ -292,7 +295,7 @@ def bench_workload(name, args, bench):
     for key, (trainer, precision) in jax_steps.items():
         print(f"{name}: compiling {key}", flush=True)
         with switches(precision):
-            compile_s[key], xla_cost[key] = compile_jax(trainer, batch)
+            compile_s[key], xla_cost[key], programs[key] = compile_jax(trainer, batch)
     for key, fn in fns.items():  # the first step of each: the equal-work check
         print(f"{name}: first step of {key}", flush=True)
         t0 = time.perf_counter()
@@ -330,9 +333,7 @@ def bench_workload(name, args, bench):
             with jax.profiler.trace(where, create_perfetto_trace=True), switches(precision):
                 for _ in range(2):
                     jax.block_until_ready(trainer(batch))
-            with switches(precision):  # the program's operations, for profile_summary.py
-                program = trainer._lower(batch).compile().as_text()
-            (Path(where) / PROGRAM_TEXT).write_text(program)
+            (Path(where) / PROGRAM_TEXT).write_text(programs[key].as_text())  # for its kinds
             print(f"{name}: profile of {key} written under {where} "
                   f"(benchmarks/profile_summary.py {where})", flush=True)
     notes = {}
