@@ -60,6 +60,7 @@ import contextlib
 import dataclasses
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -189,6 +190,24 @@ def compile_jax(trainer, batch):
             compiled)
 
 
+def compile_in_helper(what: str, family: str, model_cfg, tc, batch, trainer) -> None:
+    """``--compile-helper``: ``trainer``'s update compiled into the compilation cache by a helper
+    process (``jaxformer.training.precompile``, as ``jaxformer train`` has it compiled on the
+    CPU), for this process to load. On the CPU a step compiled in the process that runs it
+    runs slower than the same program loaded (docs/performance.md, "Compiling in a helper
+    process"); a helper that fails ends the benchmark rather than time the other kind."""
+    from jaxformer.training import precompile
+
+    if not precompile.wanted():
+        raise SystemExit("--compile-helper: this process would not compile in a helper (that "
+                         "takes the CPU backend, one process, the compilation cache and "
+                         "jaxformer's allocator settings: jaxformer/training/precompile.py)")
+    print(f"{what}: compiling the step in a helper process", flush=True)
+    helper = precompile.start(family, model_cfg, tc, batch, [], sys.stdout)
+    if helper is not None and not helper.wait(trainer):  # None: compiled by an earlier one
+        raise SystemExit(f"{what}: the helper process did not compile the step")
+
+
 @contextlib.contextmanager
 def switches(variant: dict | None):
     """A variant's matmul precision and environment variables (``jaxformer.runtime``'s switches,
@@ -216,6 +235,7 @@ def bench_workload(name, args, bench):
     import numpy as np
 
     from jaxformer import config as jconfig
+    from jaxformer import runtime
     from jaxformer.checkpoints import convert
     from jaxformer.models import flops
     from jaxformer.training import step as jax_step
@@ -249,6 +269,7 @@ def bench_workload(name, args, bench):
         return trainer
 
     jax_steps = {"jaxformer": (build("jax"), None)}
+    model_cfgs = {"jaxformer": cfg}  # each jaxformer candidate's, for --compile-helper
     for v in args.jax_variants:
         # The base step's weights, through the torch layout: a scanned stack initialises its
         # stacked parameters from other random draws than the unrolled one.
@@ -260,6 +281,7 @@ def bench_workload(name, args, bench):
                                   compiler_options=spec_v.get("compiler_options"))
         jax_steps[f"jaxformer {v}"] = (step, {k: x for k, x in spec_v.items()
                                               if k in SWITCHES} or None)
+        model_cfgs[f"jaxformer {v}"] = dataclasses.replace(cfg, **fields)
     trainers = {k: t for k, (t, _) in jax_steps.items()}
     if not args.jax_only:
         trainers["torch_ref eager"] = build("torch")
@@ -293,9 +315,15 @@ def bench_workload(name, args, bench):
 
     fns = {key: call(key) for key in trainers}
     for key, (trainer, precision) in jax_steps.items():
-        print(f"{name}: compiling {key}", flush=True)
-        with switches(precision):
+        if args.compile_helper:
+            compile_in_helper(f"{name}: {key}", family, model_cfgs[key], tc, batch, trainer)
+        print(f"{name}: compiling {key}" + (" (loading the helper's program)"
+                                           if args.compile_helper else ""), flush=True)
+        with switches(precision), runtime.cache_lookups() as lookups:
             compile_s[key], xla_cost[key], programs[key] = compile_jax(trainer, batch)
+        if args.compile_helper and (lookups["misses"] or not lookups["hits"]):
+            raise SystemExit(f"{name}: {key}'s step was not in the compilation cache the "
+                             f"helper wrote ({lookups}): this process compiled it")
     for key, fn in fns.items():  # the first step of each: the equal-work check
         print(f"{name}: first step of {key}", flush=True)
         t0 = time.perf_counter()
@@ -364,6 +392,7 @@ def bench_workload(name, args, bench):
                 batch=B, seq=T, shape=f"{B} x {T}", mlm_head_positions=head_positions,
                 train_config=tc.to_dict(), model_config=dataclasses.asdict(cfg),
                 jax_variants=args.jax_variants,
+                jax_step_compiled_by="a helper process" if args.compile_helper else "this process",
                 loss_trajectories={k: losses[k] for k in trainers},
                 max_rel_loss_diff_first_step=max(diffs.values()),
                 max_rel_loss_diff_all_steps=drift, notes=notes)
@@ -396,6 +425,11 @@ def parse_args(argv=None):
     p.add_argument("--updates-per-call", type=int, default=1, metavar="K",
                    help="updates in each timed call (times and tokens per call cover K); the "
                         "late-fetch variant needs K > 1 to overlap anything")
+    p.add_argument("--compile-helper", action="store_true",
+                   help="CPU: compile each jaxformer step in a helper process and load it from "
+                        "a new compilation cache, as `jaxformer train` does (a step compiled "
+                        "in the process that runs it runs slower there); variants that change "
+                        "the environment, the precision or the compiler options are refused")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="write a jax.profiler trace (with a Perfetto trace.json.gz) of two steps "
                         "of each jaxformer candidate under DIR/MODEL/CANDIDATE")
@@ -417,6 +451,14 @@ def parse_args(argv=None):
                 "first-step losses would not match")
     if args.updates_per_call < 1:
         p.error(f"--updates-per-call must be at least 1, got {args.updates_per_call}")
+    if args.compile_helper:
+        if args.device != "cpu":
+            p.error("--compile-helper is for the CPU backend")
+        for v in args.jax_variants:
+            if set(variant(v)) & {*SWITCHES, "compiler_options"}:
+                p.error(f"--compile-helper: the helper compiles the model's own step, not "
+                        f"variant {v!r}'s (it changes the environment, the precision or the "
+                        f"compiler options)")
     if args.profile and args.device == "cpu":  # XLA:CPU records its operations in the trace
         args.xla_flags = f"{args.xla_flags} {CPU_OP_EVENTS}".strip()  # only when asked to
     if args.quick:
@@ -438,10 +480,21 @@ def main(argv=None):
                       "first-step losses "
                       f"equal to {LOSS_RTOL[args.dtype]} (checked). jaxformer attention: "
                       f"`{args.attention_implementation}`.")
+    if args.compile_helper:
+        bench.footnote += (" jaxformer's steps compiled by a helper process and loaded from "
+                           "the compilation cache (`--compile-helper`), as `jaxformer train` "
+                           "has them on the CPU.")
     rc = 1
-    for name in args.models:
-        bench.add(name, bench_workload(name, args, bench))
-        rc = bench.finish()  # after every case: a run stopped later keeps the finished cases
+    with contextlib.ExitStack() as stack:
+        if args.compile_helper:  # a new cache: every step is compiled by a helper
+            os.environ["JAXFORMER_COMPILATION_CACHE"] = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="bench-train-cache-"))
+            from jaxformer import runtime
+
+            print(f"compilation cache: {runtime.enable_compilation_cache()}", flush=True)
+        for name in args.models:
+            bench.add(name, bench_workload(name, args, bench))
+            rc = bench.finish()  # after every case: a run stopped later keeps the finished cases
     return rc
 
 

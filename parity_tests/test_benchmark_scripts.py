@@ -23,10 +23,10 @@ TINY_TIMING = ["--repeats", "1", "--warmup", "0", "--peak-size", "64", "--peak-r
                "--no-save"]
 
 
-def run(script: str, *args: str) -> str:
+def run(script: str, *args: str, **env_changes: str) -> str:
     # A process of its own: the harness sets process-wide matmul precision and torch threads.
     # Nothing here compares against a program compiled by default (helpers.FAST_COMPILE).
-    env = fast_compile_env(PYTHONUNBUFFERED="1")
+    env = fast_compile_env(PYTHONUNBUFFERED="1", **env_changes)
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), *args, *TINY_TIMING],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -81,6 +81,19 @@ def test_bench_train_runs_and_its_profile_is_summarised(tmp_path):
     assert all(row["kind"] != "library fusions" and row["shape"] for row in cpu["top"]), cpu
 
 
+def test_bench_train_loads_steps_a_helper_compiled():
+    """``--compile-helper``: each jaxformer candidate (a variant that changes the model's config
+    too) is compiled by a helper process and loaded; the script ends with an error if this
+    process had to compile a step itself, so getting through its table is the check. The suite
+    runs without the allocator settings (conftest.py), under which ``jaxformer train`` starts no
+    helper unless told to: ``JAXFORMER_COMPILE_HELPER=1``."""
+    out = run("bench_train.py", "--quick", "--no-compile", "--models", "baby",
+              "--compile-helper", "--jax-variants", "einsum", JAXFORMER_COMPILE_HELPER="1")
+    assert out.count("compiling the step in a helper process") == 2, out[-3000:]
+    assert out.count("(loading the helper's program)") == 2, out[-3000:]
+    assert "|  |  | jaxformer einsum |" in out, out[-2000:]
+
+
 def test_profile_summary_splits_cpu_wall_time(tmp_path):
     """The wall time of a call is shared among the operations running at each instant (two
     overlapping ones half each), the rest of the call is idle; a fusion's kind comes from its
@@ -122,11 +135,14 @@ def test_profile_summary_splits_cpu_wall_time(tmp_path):
     assert cpu["top"][0]["gflop_per_s"] == pytest.approx(128 / 50e-6 / 1e9)
 
 
-def test_bench_train_refuses_dropout_across_frameworks():
+def test_bench_train_refuses_what_it_cannot_compare():
     """``--dropout`` draws masks in both frameworks from different generators, so it needs
-    ``--jax-only`` (the equal-work check would fail later, after the models were built)."""
+    ``--jax-only`` (the equal-work check would fail later, after the models were built); a helper
+    compiles no variant whose step differs by more than its model's config."""
     for args, message in ((["--dropout", "0.1"], "needs --jax-only"),
-                          (["--dropout", "1", "--jax-only"], "must lie in [0, 1)")):
+                          (["--dropout", "1", "--jax-only"], "must lie in [0, 1)"),
+                          (["--compile-helper", "--jax-variants", "xla-weight-grads"],
+                           "not variant 'xla-weight-grads'")):
         done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_train.py"), *args],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, done.stderr[-2000:]

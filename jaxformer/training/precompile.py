@@ -3,17 +3,18 @@ step is eager, there is nothing to compile).
 
 On the CPU backend, under the allocator settings (``jaxformer.runtime.tune_allocator``: one
 malloc arena), a process that compiled its train step runs it slower than one that loaded the
-same program from the persistent compilation cache: the compiler's threads leave the one arena's
-heap in a state where the step's own ``malloc`` and ``free`` calls wait on its lock several times
-as often (a baby GPT's update 1.1-1.35x slower, docs/performance.md, "Whole recipe"), and the one
-arena slows the compiler itself about 1.2x. So ``jaxformer train``, when its compilation cache
-does not hold the step yet, starts ``python -m jaxformer.training.precompile`` beside its own
-start-up: a child without the allocator settings that builds the same step (on the model with
-zeros for weights: it compiles, it never runs), compiles the update and the evaluations for the
-run's first batch and evaluation batches into the cache, and exits. Meanwhile the run builds its
-model and step and traces its update; it then loads those programs instead of compiling them:
-the same programs (the cache key is a hash of the program and its compile options), the same
-losses bit for bit.
+same program from the persistent compilation cache: the compiler leaves the one arena's heap in
+pieces (a baby GPT's: some 15,000 free chunks against 900 after loading), so the step's own
+``malloc`` calls search longer and wait on the arena's lock several times as often (its update
+1.1-1.35x slower; nothing done to the heap after compiling cured it: docs/performance.md, "What
+the compiler leaves behind"), and the one arena slows the compiler itself about 1.2x. So
+``jaxformer train``, when its compilation cache does not hold the step yet, starts ``python -m
+jaxformer.training.precompile`` beside its own start-up: a child without the allocator
+settings that builds the same step (on the model with zeros for weights: it compiles, it never
+runs), compiles the update and the evaluations for the run's first batch and evaluation batches
+into the cache, and exits. Meanwhile the run builds its model and step and traces its update;
+it then loads those programs instead of compiling them: the same programs (the cache key is a
+hash of the program and its compile options), the same losses bit for bit.
 
 When: the CPU backend, one process, no device mesh, the persistent cache on
 (``jaxformer.runtime.enable_compilation_cache``) and the allocator settings applied.
