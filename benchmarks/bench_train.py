@@ -190,7 +190,7 @@ def compile_jax(trainer, batch):
             compiled)
 
 
-def compile_in_helper(what: str, family: str, model_cfg, tc, batch, trainer) -> None:
+def compile_in_helper(what: str, trainer, batch) -> None:
     """``--compile-helper``: ``trainer``'s update compiled into the compilation cache by a helper
     process (``jaxformer.training.precompile``, as ``jaxformer train`` has it compiled on the
     CPU), for this process to load. On the CPU a step compiled in the process that runs it
@@ -203,7 +203,8 @@ def compile_in_helper(what: str, family: str, model_cfg, tc, batch, trainer) -> 
                          "takes the CPU backend, one process, the compilation cache and "
                          "jaxformer's allocator settings: jaxformer/training/precompile.py)")
     print(f"{what}: compiling the step in a helper process", flush=True)
-    helper = precompile.start(family, model_cfg, tc, batch, [], sys.stdout)
+    helper = precompile.start(trainer.family, trainer.model_config, trainer.config, batch, [],
+                              sys.stdout)
     if helper is not None and not helper.wait(trainer):  # None: compiled by an earlier one
         raise SystemExit(f"{what}: the helper process did not compile the step")
 
@@ -269,7 +270,6 @@ def bench_workload(name, args, bench):
         return trainer
 
     jax_steps = {"jaxformer": (build("jax"), None)}
-    model_cfgs = {"jaxformer": cfg}  # each jaxformer candidate's, for --compile-helper
     for v in args.jax_variants:
         # The base step's weights, through the torch layout: a scanned stack initialises its
         # stacked parameters from other random draws than the unrolled one.
@@ -281,7 +281,6 @@ def bench_workload(name, args, bench):
                                   compiler_options=spec_v.get("compiler_options"))
         jax_steps[f"jaxformer {v}"] = (step, {k: x for k, x in spec_v.items()
                                               if k in SWITCHES} or None)
-        model_cfgs[f"jaxformer {v}"] = dataclasses.replace(cfg, **fields)
     trainers = {k: t for k, (t, _) in jax_steps.items()}
     if not args.jax_only:
         trainers["torch_ref eager"] = build("torch")
@@ -316,7 +315,7 @@ def bench_workload(name, args, bench):
     fns = {key: call(key) for key in trainers}
     for key, (trainer, precision) in jax_steps.items():
         if args.compile_helper:
-            compile_in_helper(f"{name}: {key}", family, model_cfgs[key], tc, batch, trainer)
+            compile_in_helper(f"{name}: {key}", trainer, batch)
         print(f"{name}: compiling {key}" + (" (loading the helper's program)"
                                            if args.compile_helper else ""), flush=True)
         with switches(precision), runtime.cache_lookups() as lookups:
