@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -64,31 +65,34 @@ def main(argv=None) -> int:
     from jaxformer.training.config import TrainConfig
 
     work = Path(tempfile.mkdtemp(prefix="bench_loop-"))
-    data = corpus(work / "corpus.txt", lines=max(2000, args.batch * args.seq // 4))
-    runs = []
-    for r in range(args.rounds):
-        for ahead in ((False, True) if r % 2 == 0 else (True, False)):
-            run_dir = work / f"round{r}-{'ahead' if ahead else 'plain'}"
-            options = loop.RunOptions(family=args.family, data=data, preset=args.preset,
-                                      dtype=args.dtype, checkpoint_dir=str(run_dir),
-                                      checkpoint_every=0, progress="none",
-                                      dispatch_ahead=ahead)
-            loop.train(TrainConfig(steps=args.steps, batch_size=args.batch, seq_len=args.seq),
-                       options)
-            records = [json.loads(line) for line in
-                       (run_dir / "metrics.jsonl").read_text().splitlines()]
-            times = [rec["seconds"] for rec in records[1:]]  # the first update compiles
-            runs.append({"round": r, "dispatch_ahead": ahead, "seconds": times,
-                         "losses": [rec["loss"] for rec in records]})
-            print(f"round {r + 1}/{args.rounds} dispatch_ahead={ahead}: median "
-                  f"{1e3 * statistics.median(times):.2f} ms per update", flush=True)
-            result = {**record.finish(), "device": jax.devices()[0].device_kind,
-                      **summary(args, runs)}
-            if not args.no_save:  # after every run: a run cut short keeps the finished ones
-                stem = Path(args.out) / (
-                    f"loop_{jax.devices()[0].platform}_{args.family}-{args.preset}_"
-                    f"{datetime.date.today()}{'_' + args.tag if args.tag else ''}")
-                learn_common.write_json(stem.with_suffix(".json"), result)
+    try:
+        data = corpus(work / "corpus.txt", lines=max(2000, args.batch * args.seq // 4))
+        runs = []
+        for r in range(args.rounds):
+            for ahead in ((False, True) if r % 2 == 0 else (True, False)):
+                run_dir = work / f"round{r}-{'ahead' if ahead else 'plain'}"
+                options = loop.RunOptions(family=args.family, data=data, preset=args.preset,
+                                          dtype=args.dtype, checkpoint_dir=str(run_dir),
+                                          checkpoint_every=0, progress="none",
+                                          dispatch_ahead=ahead)
+                loop.train(TrainConfig(steps=args.steps, batch_size=args.batch, seq_len=args.seq),
+                           options)
+                records = [json.loads(line) for line in
+                           (run_dir / "metrics.jsonl").read_text().splitlines()]
+                times = [rec["seconds"] for rec in records[1:]]  # the first update compiles
+                runs.append({"round": r, "dispatch_ahead": ahead, "seconds": times,
+                             "losses": [rec["loss"] for rec in records]})
+                print(f"round {r + 1}/{args.rounds} dispatch_ahead={ahead}: median "
+                      f"{1e3 * statistics.median(times):.2f} ms per update", flush=True)
+                result = {**record.finish(), "device": jax.devices()[0].device_kind,
+                          **summary(args, runs)}
+                if not args.no_save:  # after every run: a run cut short keeps the finished ones
+                    stem = Path(args.out) / (
+                        f"loop_{jax.devices()[0].platform}_{args.family}-{args.preset}_"
+                        f"{datetime.date.today()}{'_' + args.tag if args.tag else ''}")
+                    learn_common.write_json(stem.with_suffix(".json"), result)
+    finally:  # the corpus and the runs' directories: only the JSON and the plot are kept
+        shutil.rmtree(work, ignore_errors=True)
     median = result["median_ms"]
     print(f"{result['device']}: {median['plain']:.2f} ms plain, {median['ahead']:.2f} ms "
           f"dispatching ahead per update (medians over {args.rounds} rounds): "

@@ -151,14 +151,16 @@ def test_bench_train_refuses_what_it_cannot_compare():
         assert message in done.stderr, done.stderr[-2000:]
 
 
-def test_bench_loop_runs():
+def test_bench_loop_runs(tmp_path):
     """``bench_loop.py``: a tiny ``jaxformer train`` run with and without dispatching ahead; the
-    two runs' losses are the same."""
+    two runs' losses are the same, and its scratch directory (corpus, runs) is gone after it."""
     done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_loop.py"), "--steps", "4",
                            "--rounds", "1", "--batch", "2", "--seq", "16", "--no-save"],
-                          capture_output=True, text=True, env=fast_compile_env(), timeout=600)
+                          capture_output=True, text=True, timeout=600,
+                          env={**fast_compile_env(), "TMPDIR": str(tmp_path)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "losses identical: True" in done.stdout, done.stdout[-2000:]
+    assert not list(tmp_path.glob("bench_loop-*")), list(tmp_path.iterdir())
 
 
 def test_bench_process_runs():
