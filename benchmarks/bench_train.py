@@ -428,7 +428,8 @@ def parse_args(argv=None):
                    help="CPU: compile each jaxformer step in a helper process and load it from "
                         "a new compilation cache, as `jaxformer train` does (a step compiled "
                         "in the process that runs it runs slower there); variants that change "
-                        "the environment, the precision or the compiler options are refused")
+                        "the environment, the precision, the compiler options or how the step "
+                        "is called (late-fetch) are refused")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="write a jax.profiler trace (with a Perfetto trace.json.gz) of two steps "
                         "of each jaxformer candidate under DIR/MODEL/CANDIDATE")
@@ -456,8 +457,8 @@ def parse_args(argv=None):
         for v in args.jax_variants:
             if set(variant(v)) & {*SWITCHES, "compiler_options"}:
                 p.error(f"--compile-helper: the helper compiles the model's own step, not "
-                        f"variant {v!r}'s (it changes the environment, the precision or the "
-                        f"compiler options)")
+                        f"variant {v!r}'s (it changes the environment, the precision, the "
+                        f"compiler options or how the step is called)")
     if args.profile and args.device == "cpu":  # XLA:CPU records its operations in the trace
         args.xla_flags = f"{args.xla_flags} {CPU_OP_EVENTS}".strip()  # only when asked to
     if args.quick:
