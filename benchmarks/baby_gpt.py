@@ -18,7 +18,19 @@ by document), written into --data-dir if it is not there; it is not nanoGPT's `i
 characters, 65 distinct, a random tenth of one file held out): 4.5 M training characters, 84
 distinct, whole plays held out. Results: benchmarks/results/baby_gpt.json and baby_gpt.png.
 
+nanoGPT's own code runs the recipe too when `nanogpt` is in --frameworks and --nanogpt-dir names a
+checkout of its repository (it is not a dependency and nothing of it is copied here): the corpus is
+written in its `data/shakespeare_char` layout (`prepare.py`'s: one token per character, uint16
+`train.bin` / `val.bin`, `meta.pkl`) in a scratch directory, and its `train.py` runs there with the
+README's CPU overrides (`config/train_shakespeare_char.py --device=cpu --compile=False ...`), the
+checkout untouched. Its wall time counts that preparation and the whole `train.py` process (Python
+and torch start-up included); it runs one update more than the others (its loop's last iteration is
+`max_iters`), evaluates at update 0 as well, and draws its own batches from its own seed. Its
+`sample.py` needs `tiktoken` and is not run: `nanogpt_over_jax_wall` compares the training runs,
+`nanogpt_over_jax_end_to_end` nanoGPT's run against jaxformer's with its sample.
+
   python benchmarks/baby_gpt.py                                  # the recipe, both frameworks
+  python benchmarks/baby_gpt.py --frameworks jax,torch,nanogpt --nanogpt-dir ~/src/nanoGPT
   python benchmarks/baby_gpt.py --steps 20 --eval-every 10 --eval-iters 2 --no-save  # smoke
 """
 
@@ -26,13 +38,18 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
+import resource
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import harness
+import numpy as np
 
 DEFAULT_DATA = Path("~/.cache/jaxformer/data/shakespeare")
 NANOGPT_VAL_LOSS = 1.88  # nanoGPT README, baby GPT on a CPU, after 2000 iterations
@@ -87,6 +104,103 @@ def train_one(framework: str, config, args, train: Path, val: Path, runs: Path) 
             "run_dir": str(result.run_dir)}
 
 
+# what --nanogpt-dir must hold: the training script, what it imports and reads, the recipe's config
+NANOGPT_FILES = ("train.py", "model.py", "configurator.py", "config/train_shakespeare_char.py")
+NANOGPT_STEP = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
+NANOGPT_ITER = re.compile(r"^iter (\d+): loss ([\d.]+), time ([\d.]+)ms")
+
+
+def nanogpt_checkout(path: str) -> Path:
+    """``--nanogpt-dir``, checked: a checkout of nanoGPT's repository holding NANOGPT_FILES."""
+    root = Path(path).expanduser().resolve()
+    missing = [name for name in NANOGPT_FILES if not (root / name).is_file()]
+    if missing:
+        raise ValueError(f"--nanogpt-dir {root} is not a checkout of nanoGPT: no "
+                         f"{', '.join(missing)} in it")
+    return root
+
+
+def nanogpt_data(train: Path, val: Path, dest: Path) -> int:
+    """The corpus in the layout of nanoGPT's ``data/shakespeare_char/prepare.py``: one token per
+    character (every distinct character of both splits, sorted), ``train.bin`` / ``val.bin`` as
+    uint16, ``meta.pkl`` with ``vocab_size``, ``stoi`` and ``itos``. Returns the vocabulary size."""
+    texts = {"train": train.read_text(encoding="utf-8"), "val": val.read_text(encoding="utf-8")}
+    chars = sorted(set(texts["train"]) | set(texts["val"]))
+    stoi = {c: i for i, c in enumerate(chars)}
+    dest.mkdir(parents=True, exist_ok=True)
+    for split, text in texts.items():
+        np.array([stoi[c] for c in text], dtype=np.uint16).tofile(dest / f"{split}.bin")
+    with open(dest / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, f)
+    return len(chars)
+
+
+def nanogpt_command(root: Path, args) -> list[str]:
+    """nanoGPT's ``train.py`` with its README's CPU overrides for the baby GPT, the lengths this
+    script's (--steps, --eval-every, --eval-iters)."""
+    return [sys.executable, "-u", str(root / "train.py"),
+            str(root / "config" / "train_shakespeare_char.py"), "--device=cpu", "--compile=False",
+            f"--eval_iters={args.eval_iters}", "--log_interval=1", "--block_size=64",
+            "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128",
+            f"--max_iters={args.steps}", f"--lr_decay_iters={args.steps}", "--dropout=0.0",
+            f"--eval_interval={args.eval_every}", f"--warmup_iters={min(100, args.steps)}"]
+
+
+def nanogpt_log(lines: list[str]) -> dict:
+    """Its evaluations (``step N: train loss A, val loss B``) and updates (``iter N: loss L,
+    time T ms``) out of ``train.py``'s output."""
+    evals = [m.groups() for m in map(NANOGPT_STEP.match, lines) if m]
+    iters = [m.groups() for m in map(NANOGPT_ITER.match, lines) if m]
+    if not evals or not iters:
+        raise ValueError("nanoGPT's train.py printed no evaluation or no update line (`step N: "
+                         "train loss ..., val loss ...`, `iter N: loss ..., time ...ms`)")
+    seconds = sorted(float(t) / 1000 for _, _, t in iters)
+    return {"final_val_loss": float(evals[-1][2]),
+            "val_loss": [{"step": int(s), "loss": float(v)} for s, _, v in evals],
+            "train_loss": [float(loss) for _, loss, _ in iters],
+            "step_seconds_median": seconds[len(seconds) // 2]}
+
+
+def train_nanogpt(root: Path, args, train: Path, val: Path, runs: Path) -> dict:
+    """nanoGPT's ``train.py`` on the recipe, in ``runs/nanogpt`` (its working directory: it reads
+    ``configurator.py`` and ``data/`` from there and writes its checkpoint there)."""
+    work = runs / "nanogpt"
+    work.mkdir(parents=True)
+    shutil.copy(root / "configurator.py", work)
+    env = dict(os.environ)
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    command = nanogpt_command(root, args)
+    load_before = harness.loadavg()
+    busy0, own0 = harness.cpu_busy_s(), time.process_time()
+    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    began = time.perf_counter()
+    vocab_size = nanogpt_data(train, val, work / "data" / "shakespeare_char")
+    prepare = time.perf_counter() - began
+    lines = []
+    with subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as child:
+        for line in child.stdout:
+            lines.append(line.rstrip("\n"))
+            m = NANOGPT_ITER.match(line)
+            if NANOGPT_STEP.match(line) or (m and int(m.group(1)) % args.log_every == 0):
+                print(f"  nanoGPT: {line.rstrip()}", flush=True)
+    wall = time.perf_counter() - began
+    if child.returncode:
+        tail = "\n".join(lines[-15:])
+        raise RuntimeError(f"nanoGPT's train.py exited with {child.returncode}:\n{tail}")
+    busy1, own1 = harness.cpu_busy_s(), time.process_time()
+    children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ours = (own1 - own0 + children1.ru_utime + children1.ru_stime
+            - children0.ru_utime - children0.ru_stime)  # this process and nanoGPT's
+    foreign = (None if busy0 is None or busy1 is None else
+               max(0.0, (busy1 - busy0 - ours) / wall))
+    return {"wall_s": wall, "prepare_s": prepare, "vocab_size": vocab_size,
+            "command": " ".join(command[1:]), "checkout": str(root),
+            "loadavg_before": load_before, "loadavg_after": harness.loadavg(),
+            "foreign_cores": foreign, **nanogpt_log(lines)}
+
+
 def greedy_text(framework: str, config, run_dir: Path, prompt: str, length: int) -> str:
     """The trained model of ``run_dir`` (its last checkpoint) continues ``prompt``."""
     from jaxformer.config import GPTConfig
@@ -120,12 +234,39 @@ def shown(text: str, max_blank: int = 2) -> str:
 def summary(framework: str, run: dict, prompt: str) -> str:
     """What is printed after a framework's run: the final validation loss, the wall time and
     load, then the prompt and its greedy continuation (:func:`shown`)."""
-    return (f"== {framework}: final val loss {run['final_val_loss']:.4f}, wall "
-            f"{run['wall_s']:.1f} s (evaluations {run['evaluations_s']:.1f} s, checkpoints "
-            f"{run['checkpoints_s']:.1f} s), sample {run['sample_s']:.1f} s, load "
-            f"{run['loadavg_before']} -> {run['loadavg_after']}, "
-            f"other processes {run['foreign_cores']:.2f} cores\n"
-            + shown(prompt + run["sample"]))
+    if framework == "nanogpt":  # its own train.py: no parts of the wall time, no sample
+        parts = f"(data prepared in {run['prepare_s']:.1f} s), median update " \
+                f"{run['step_seconds_median'] * 1000:.1f} ms"
+    else:
+        parts = (f"(evaluations {run['evaluations_s']:.1f} s, checkpoints "
+                 f"{run['checkpoints_s']:.1f} s), sample {run['sample_s']:.1f} s")
+    foreign = "unknown" if run["foreign_cores"] is None else f"{run['foreign_cores']:.2f}"
+    text = (f"== {framework}: final val loss {run['final_val_loss']:.4f}, wall "
+            f"{run['wall_s']:.1f} s {parts}, load {run['loadavg_before']} -> "
+            f"{run['loadavg_after']}, other processes {foreign} cores")
+    return text if framework == "nanogpt" else text + "\n" + shown(prompt + run["sample"])
+
+
+def compare(runs: dict) -> dict:
+    """The runs against jaxformer's: torch_ref's (the same batches, so the same losses and sample
+    within float32's reach) and nanoGPT's (its own batches: the final validation losses)."""
+    out = {}
+    jax_run = runs.get("jax")
+    if jax_run and "torch" in runs:
+        torch_run = runs["torch"]
+        out.update({
+            "val_loss_max_rel_diff": max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in
+                                         zip(jax_run["val_loss"], torch_run["val_loss"])),
+            "torch_over_jax_wall": torch_run["wall_s"] / jax_run["wall_s"],
+            "torch_over_jax_end_to_end": torch_run["end_to_end_s"] / jax_run["end_to_end_s"],
+            "samples_equal": jax_run["sample"] == torch_run["sample"]})
+    if jax_run and "nanogpt" in runs:
+        nano = runs["nanogpt"]
+        out.update({"nanogpt_over_jax_wall": nano["wall_s"] / jax_run["wall_s"],
+                    "nanogpt_over_jax_end_to_end": nano["end_to_end_s"] / jax_run["end_to_end_s"],
+                    "final_val_loss_jax_minus_nanogpt":
+                        jax_run["final_val_loss"] - nano["final_val_loss"]})
+    return out
 
 
 def plot(report: dict, path: Path) -> None:
@@ -137,10 +278,11 @@ def plot(report: dict, path: Path) -> None:
     from jaxformer.training.reporting import save_figure
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    styles = {"jax": ("tab:blue", "o-"), "torch": ("tab:orange", "x--")}  # equal curves overlap
+    styles = {"jax": ("tab:blue", "o-"), "torch": ("tab:orange", "x--"),  # equal curves overlap
+              "nanogpt": ("tab:green", "s:")}
     for framework, run in report["runs"].items():
         color, style = styles[framework]
-        steps = range(1, len(run["train_loss"]) + 1)
+        steps = range(1, len(run["train_loss"]) + 1)  # nanoGPT's "iter 0" is the first update
         ax.plot(steps, run["train_loss"], color=color, alpha=0.3, lw=0.8,
                 label=f"{framework} train loss (per batch)")
         ax.plot([e["step"] for e in run["val_loss"]], [e["loss"] for e in run["val_loss"]], style,
@@ -167,7 +309,11 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=2000, help="updates (2000)")
     parser.add_argument("--eval-every", type=int, default=250, help="updates between evaluations")
     parser.add_argument("--eval-iters", type=int, default=20, help="validation batches (20)")
-    parser.add_argument("--frameworks", default="jax,torch", help="comma-separated, in order")
+    parser.add_argument("--frameworks", default="jax,torch",
+                        help="comma-separated, in order: jax, torch, nanogpt (its own code, "
+                             "from --nanogpt-dir)")
+    parser.add_argument("--nanogpt-dir", help="a checkout of nanoGPT's repository (for nanogpt "
+                                              "in --frameworks)")
     parser.add_argument("--prompt", default="\n", help="greedy sample prompt (a newline)")
     parser.add_argument("--sample-chars", type=int, default=300)
     parser.add_argument("--log-every", type=int, default=50, help="progress line period")
@@ -179,8 +325,19 @@ def main(argv=None) -> int:
                                            "directory, removed)")
     args = parser.parse_args(argv)
     frameworks = args.frameworks.split(",")
-    if not set(frameworks) <= {"jax", "torch"} or not frameworks:
-        parser.error(f"--frameworks must name jax and/or torch, got {args.frameworks!r}")
+    if not set(frameworks) <= {"jax", "torch", "nanogpt"} or len(set(frameworks)) < len(
+            frameworks):
+        parser.error(f"--frameworks must name jax, torch and/or nanogpt, each once, got "
+                     f"{args.frameworks!r}")
+    if ("nanogpt" in frameworks) != bool(args.nanogpt_dir):
+        parser.error("nanogpt in --frameworks and --nanogpt-dir go together (nanoGPT's code is "
+                     "not installed with jaxformer: name a checkout of its repository)")
+    nanogpt_root = None
+    if args.nanogpt_dir:
+        try:
+            nanogpt_root = nanogpt_checkout(args.nanogpt_dir)
+        except ValueError as err:
+            parser.error(str(err))
     if args.device != "cpu" or args.dtype != "float32":
         parser.error("the recipe runs on the CPU in float32 (nanoGPT's CPU figure)")
     bench = harness.start(args, "baby_gpt", title="nanoGPT's baby GPT, char Shakespeare")
@@ -204,6 +361,12 @@ def main(argv=None) -> int:
         runs = Path(args.runs_dir) if args.runs_dir else Path(tmp)
         for framework in frameworks:
             print(f"== {framework}: {config.steps} updates", flush=True)
+            if framework == "nanogpt":
+                run = train_nanogpt(nanogpt_root, args, train, val, runs)
+                run["end_to_end_s"] = run["wall_s"]  # its sample.py is not run (module doc)
+                report["runs"][framework] = run
+                print(summary(framework, run, args.prompt), flush=True)
+                continue
             run = train_one(framework, config, args, train, val, runs)
             began = time.perf_counter()
             run["sample"] = greedy_text(framework, config, Path(run["run_dir"]), args.prompt,
@@ -212,15 +375,10 @@ def main(argv=None) -> int:
             run["end_to_end_s"] = run["wall_s"] + run["sample_s"]
             report["runs"][framework] = run
             print(summary(framework, run, args.prompt), flush=True)
-    if len(report["runs"]) == 2:
-        jax_run, torch_run = report["runs"]["jax"], report["runs"]["torch"]
-        report["comparison"] = {
-            "val_loss_max_rel_diff": max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in
-                                         zip(jax_run["val_loss"], torch_run["val_loss"])),
-            "torch_over_jax_wall": torch_run["wall_s"] / jax_run["wall_s"],
-            "torch_over_jax_end_to_end": torch_run["end_to_end_s"] / jax_run["end_to_end_s"],
-            "samples_equal": jax_run["sample"] == torch_run["sample"]}
-        print(json.dumps(report["comparison"]))
+    comparison = compare(report["runs"])
+    if comparison:
+        report["comparison"] = comparison
+        print(json.dumps(comparison))
     if args.no_save:
         return 0
     out = Path(args.out)

@@ -1,11 +1,18 @@
 """``benchmarks/baby_gpt.py`` prints a readable summary: a greedy sample of a barely trained
 model (``--steps 20``: 300 newlines, the most likely character after a newline) used to print 300
-blank lines per framework. The summary is checked on a made-up run, without training."""
+blank lines per framework. The summary is checked on a made-up run, without training. nanoGPT's
+own code (``--frameworks ...,nanogpt --nanogpt-dir``) is run as a stand-in checkout: the corpus in
+its layout, its command line, its log read back, its failure shown."""
 
 from __future__ import annotations
 
+import json
+import pickle
 import sys
 from pathlib import Path
+
+import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import baby_gpt
@@ -29,3 +36,112 @@ def test_a_real_sample_prints_as_it_is():
                            "checkpoints 0.5 s), sample 2.0 s")
     assert baby_gpt.shown("a\n\n\nb") == "a\n\n\nb"  # two blank lines stay
     assert baby_gpt.shown("a\n\n\n\nb") == "a\n[3 blank lines]\nb"
+
+
+# ----------------------------------------------------------------------------- nanoGPT's own code
+
+# A stand-in for a checkout of nanoGPT's repository: its train.py refuses to run unless it finds
+# what the real one reads (configurator.py in the working directory, the corpus in
+# data/shakespeare_char as its prepare.py writes it, the recipe's flags) and then prints lines in
+# the real one's format: an evaluation every --eval_interval updates from update 0, one line per
+# update from 0 to --max_iters.
+FAKE_TRAIN = '''
+import os, pickle, sys
+import numpy as np
+flags = dict(a[2:].split("=", 1) for a in sys.argv[2:])
+assert sys.argv[1].endswith(os.path.join("config", "train_shakespeare_char.py")), sys.argv
+assert os.path.isfile("configurator.py"), os.listdir(".")
+for key, want in (("device", "cpu"), ("compile", "False"), ("block_size", "64"),
+                  ("batch_size", "12"), ("n_layer", "4"), ("n_embd", "128"), ("dropout", "0.0")):
+    assert flags[key] == want, (key, flags[key])
+meta = pickle.load(open("data/shakespeare_char/meta.pkl", "rb"))
+val = np.fromfile("data/shakespeare_char/val.bin", dtype=np.uint16)
+print("val text: " + "".join(meta["itos"][int(i)] for i in val).replace("\\n", "|"))
+steps, every = int(flags["max_iters"]), int(flags["eval_interval"])
+for it in range(steps + 1):
+    if it % every == 0:
+        print(f"step {it}: train loss {4 - it / 100:.4f}, val loss {4.1 - it / 100:.4f}")
+    print(f"iter {it}: loss {4 - it / 200:.4f}, time {10 + it % 3:.2f}ms, mfu 0.01%")
+'''
+
+
+def fake_nanogpt(root: Path, train_py: str = FAKE_TRAIN) -> Path:
+    (root / "config").mkdir(parents=True)
+    (root / "train.py").write_text(train_py)
+    for name in ("model.py", "configurator.py", "config/train_shakespeare_char.py"):
+        (root / name).write_text("# stand-in\n")
+    return root
+
+
+def corpus(tmp_path: Path) -> tuple[Path, Path]:
+    (tmp_path / "data").mkdir()
+    train, val = tmp_path / "data" / "train.txt", tmp_path / "data" / "val.txt"
+    train.write_text("ROMEO:\nBut soft, what light\n" * 20, encoding="utf-8")
+    val.write_text("JULIET:\nAy me!\n", encoding="utf-8")
+    return train, val
+
+
+def test_the_corpus_in_nanogpts_layout_reads_back(tmp_path):
+    train, val = corpus(tmp_path)
+    size = baby_gpt.nanogpt_data(train, val, tmp_path / "out")
+    meta = pickle.loads((tmp_path / "out" / "meta.pkl").read_bytes())
+    chars = sorted(set(train.read_text() + val.read_text()))  # "J", "Y" and "!" only in val
+    assert size == meta["vocab_size"] == len(chars)
+    assert [meta["itos"][i] for i in range(size)] == chars
+    for split, text in (("train", train), ("val", val)):
+        ids = np.fromfile(tmp_path / "out" / f"{split}.bin", dtype=np.uint16)
+        assert "".join(meta["itos"][int(i)] for i in ids) == text.read_text()
+
+
+def test_a_checkout_without_the_recipes_files_is_named_missing(tmp_path):
+    root = fake_nanogpt(tmp_path / "nanoGPT")
+    (root / "config" / "train_shakespeare_char.py").unlink()
+    (root / "model.py").unlink()
+    with pytest.raises(ValueError, match=r"not a checkout of nanoGPT: no model\.py, "
+                                         r"config/train_shakespeare_char\.py"):
+        baby_gpt.nanogpt_checkout(str(root))
+
+
+@pytest.mark.parametrize("argv", [["--frameworks", "jax,nanogpt"],
+                                  ["--nanogpt-dir", "somewhere"],
+                                  ["--frameworks", "jax,jax"]])
+def test_nanogpt_needs_its_checkout_and_frameworks_are_named_once(argv, capsys):
+    with pytest.raises(SystemExit):
+        baby_gpt.main([*argv, "--no-save"])
+    assert "--frameworks" in capsys.readouterr().err
+
+
+def test_nanogpts_run_is_timed_and_its_log_read(tmp_path, capsys):
+    data = corpus(tmp_path)[0].parent
+    root = fake_nanogpt(tmp_path / "nanoGPT")
+    out = tmp_path / "results"
+    code = baby_gpt.main(["--frameworks", "nanogpt", "--nanogpt-dir", str(root), "--steps", "20",
+                          "--eval-every", "10", "--eval-iters", "2", "--log-every", "5",
+                          "--data-dir", str(data), "--out", str(out), "--tag", "t",
+                          "--peak-repeats", "0", "--no-compilation-cache"])
+    assert code == 0
+    report = json.loads((out / "baby_gpt_t.json").read_text())
+    run = report["runs"]["nanogpt"]
+    assert [e["step"] for e in run["val_loss"]] == [0, 10, 20]
+    assert run["final_val_loss"] == pytest.approx(3.9)
+    assert len(run["train_loss"]) == 21  # its updates 0 to 20
+    assert run["train_loss"][-1] == pytest.approx(3.9)
+    assert run["step_seconds_median"] == pytest.approx(0.011)
+    assert "--max_iters=20" in run["command"]
+    assert "--eval_iters=2" in run["command"]
+    assert run["wall_s"] >= run["prepare_s"] > 0
+    assert (out / "baby_gpt_t.png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "nanoGPT: step 20: train loss 3.8000, val loss 3.9000" in printed
+    assert "nanoGPT: iter 15:" in printed  # every --log-every updates
+    assert "nanoGPT: iter 16:" not in printed
+    assert "== nanogpt: final val loss 3.9000" in printed
+
+
+def test_a_failing_nanogpt_run_shows_its_last_lines(tmp_path):
+    data = corpus(tmp_path)[0].parent
+    root = fake_nanogpt(tmp_path / "nanoGPT", "print('loading'); raise SystemExit('no torch')")
+    with pytest.raises(RuntimeError, match=r"exited with 1:\nloading\nno torch"):
+        baby_gpt.main(["--frameworks", "nanogpt", "--nanogpt-dir", str(root), "--steps", "2",
+                       "--data-dir", str(data), "--no-save", "--peak-repeats", "0",
+                       "--no-compilation-cache"])
