@@ -25,9 +25,10 @@ written in its `data/shakespeare_char` layout (`prepare.py`'s: one token per cha
 README's CPU overrides (`config/train_shakespeare_char.py --device=cpu --compile=False ...`), the
 checkout untouched. Its wall time counts that preparation and the whole `train.py` process (Python
 and torch start-up included); it runs one update more than the others (its loop's last iteration is
-`max_iters`), evaluates at update 0 as well, and draws its own batches from its own seed. Its
-`sample.py` needs `tiktoken` and is not run: `nanogpt_over_jax_wall` compares the training runs,
-`nanogpt_over_jax_end_to_end` nanoGPT's run against jaxformer's with its sample.
+`max_iters`; its last evaluation comes before it, of the model after 2000 updates as ours), also
+evaluates at update 0, and draws its own batches from its own seed. Then its `sample.py` continues
+the prompt from its checkpoint, --sample-chars characters with `--top_k=1` (greedy, as ours): its
+process is the sample's time. Its code needs `tiktoken` besides numpy and torch.
 
   python benchmarks/baby_gpt.py                                  # the recipe, both frameworks
   python benchmarks/baby_gpt.py --frameworks jax,torch,nanogpt --nanogpt-dir ~/src/nanoGPT
@@ -36,6 +37,7 @@ and torch start-up included); it runs one update more than the others (its loop'
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pickle
@@ -104,8 +106,12 @@ def train_one(framework: str, config, args, train: Path, val: Path, runs: Path) 
             "run_dir": str(result.run_dir)}
 
 
-# what --nanogpt-dir must hold: the training script, what it imports and reads, the recipe's config
-NANOGPT_FILES = ("train.py", "model.py", "configurator.py", "config/train_shakespeare_char.py")
+# what --nanogpt-dir must hold: the training and sampling scripts, what they import and read, the
+# recipe's config; what they import beyond jaxformer's own dependencies
+NANOGPT_FILES = ("train.py", "sample.py", "model.py", "configurator.py",
+                 "config/train_shakespeare_char.py")
+NANOGPT_IMPORTS = ("tiktoken",)
+NANOGPT_OUT = "out-shakespeare-char"  # the config's out_dir, relative to the working directory
 NANOGPT_STEP = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
 NANOGPT_ITER = re.compile(r"^iter (\d+): loss ([\d.]+), time ([\d.]+)ms")
 
@@ -118,6 +124,11 @@ def nanogpt_checkout(path: str) -> Path:
         raise ValueError(f"--nanogpt-dir {root} is not a checkout of nanoGPT: no "
                          f"{', '.join(missing)} in it")
     return root
+
+
+def nanogpt_missing_imports() -> list[str]:
+    """The modules of NANOGPT_IMPORTS this interpreter cannot import (nanoGPT runs in it)."""
+    return [name for name in NANOGPT_IMPORTS if importlib.util.find_spec(name) is None]
 
 
 def nanogpt_data(train: Path, val: Path, dest: Path) -> int:
@@ -143,7 +154,44 @@ def nanogpt_command(root: Path, args) -> list[str]:
             f"--eval_iters={args.eval_iters}", "--log_interval=1", "--block_size=64",
             "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128",
             f"--max_iters={args.steps}", f"--lr_decay_iters={args.steps}", "--dropout=0.0",
-            f"--eval_interval={args.eval_every}", f"--warmup_iters={min(100, args.steps)}"]
+            f"--eval_interval={args.eval_every}"]  # its config's 100 warm-up updates: a
+    # shorter --steps stays in the warm-up (its cosine divides by max_iters - warmup_iters)
+
+
+def nanogpt_sample_command(root: Path, args) -> list[str]:
+    """nanoGPT's ``sample.py`` on the trained checkpoint: one greedy continuation (top-1) of the
+    prompt, read from a file (``FILE:``: its configurator splits arguments at ``=``)."""
+    return [sys.executable, "-u", str(root / "sample.py"), f"--out_dir={NANOGPT_OUT}",
+            "--device=cpu", "--compile=False", "--num_samples=1",
+            f"--max_new_tokens={args.sample_chars}", "--top_k=1", "--start=FILE:prompt.txt"]
+
+
+def run_nanogpt(command: list[str], work: Path, env: dict, echo=None) -> list[str]:
+    """One of nanoGPT's scripts in ``work``: its output lines (``echo(line)`` prints what it
+    wants shown meanwhile); a failure raises, with the script's last lines."""
+    lines = []
+    with subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as child:
+        for line in child.stdout:
+            lines.append(line.rstrip("\n"))
+            if echo:
+                echo(lines[-1])
+    if child.returncode:
+        tail = "\n".join(lines[-15:])
+        raise RuntimeError(f"nanoGPT's {Path(command[2]).name} exited with {child.returncode}:\n"
+                           f"{tail}")
+    return lines
+
+
+def nanogpt_sample(lines: list[str], prompt: str) -> str:
+    """The continuation out of ``sample.py``'s output: the decoded text (prompt included) comes
+    after its ``Loading meta from`` line and before its closing row of dashes."""
+    starts = [i for i, line in enumerate(lines) if line.startswith("Loading meta from")]
+    if not starts or lines[-1] != "-" * 15:
+        raise ValueError("nanoGPT's sample.py printed no sample between a `Loading meta from` "
+                         "line and its row of dashes")
+    text = "\n".join(lines[starts[-1] + 1:-1])
+    return text[len(prompt):] if text.startswith(prompt) else text
 
 
 def nanogpt_log(lines: list[str]) -> dict:
@@ -162,8 +210,9 @@ def nanogpt_log(lines: list[str]) -> dict:
 
 
 def train_nanogpt(root: Path, args, train: Path, val: Path, runs: Path) -> dict:
-    """nanoGPT's ``train.py`` on the recipe, in ``runs/nanogpt`` (its working directory: it reads
-    ``configurator.py`` and ``data/`` from there and writes its checkpoint there)."""
+    """nanoGPT's ``train.py`` on the recipe, then its ``sample.py``, in ``runs/nanogpt`` (their
+    working directory: they read ``configurator.py`` and ``data/`` from there, and the checkpoint
+    the one writes and the other reads is there)."""
     work = runs / "nanogpt"
     work.mkdir(parents=True)
     shutil.copy(root / "configurator.py", work)
@@ -177,28 +226,32 @@ def train_nanogpt(root: Path, args, train: Path, val: Path, runs: Path) -> dict:
     began = time.perf_counter()
     vocab_size = nanogpt_data(train, val, work / "data" / "shakespeare_char")
     prepare = time.perf_counter() - began
-    lines = []
-    with subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True) as child:
-        for line in child.stdout:
-            lines.append(line.rstrip("\n"))
-            m = NANOGPT_ITER.match(line)
-            if NANOGPT_STEP.match(line) or (m and int(m.group(1)) % args.log_every == 0):
-                print(f"  nanoGPT: {line.rstrip()}", flush=True)
+
+    def echo(line: str) -> None:
+        m = NANOGPT_ITER.match(line)
+        if NANOGPT_STEP.match(line) or (m and int(m.group(1)) % args.log_every == 0):
+            print(f"  nanoGPT: {line}", flush=True)
+
+    lines = run_nanogpt(command, work, env, echo)
     wall = time.perf_counter() - began
-    if child.returncode:
-        tail = "\n".join(lines[-15:])
-        raise RuntimeError(f"nanoGPT's train.py exited with {child.returncode}:\n{tail}")
     busy1, own1 = harness.cpu_busy_s(), time.process_time()
     children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     ours = (own1 - own0 + children1.ru_utime + children1.ru_stime
             - children0.ru_utime - children0.ru_stime)  # this process and nanoGPT's
     foreign = (None if busy0 is None or busy1 is None else
                max(0.0, (busy1 - busy0 - ours) / wall))
-    return {"wall_s": wall, "prepare_s": prepare, "vocab_size": vocab_size,
-            "command": " ".join(command[1:]), "checkout": str(root),
-            "loadavg_before": load_before, "loadavg_after": harness.loadavg(),
-            "foreign_cores": foreign, **nanogpt_log(lines)}
+    run = {"wall_s": wall, "prepare_s": prepare, "vocab_size": vocab_size,
+           "command": " ".join(command[1:]), "checkout": str(root),
+           "loadavg_before": load_before, "loadavg_after": harness.loadavg(),
+           "foreign_cores": foreign, **nanogpt_log(lines)}
+    (work / "prompt.txt").write_text(args.prompt, encoding="utf-8")
+    command = nanogpt_sample_command(root, args)
+    began = time.perf_counter()
+    run["sample"] = nanogpt_sample(run_nanogpt(command, work, env), args.prompt)
+    run["sample_s"] = time.perf_counter() - began
+    run["sample_command"] = " ".join(command[1:])
+    run["end_to_end_s"] = run["wall_s"] + run["sample_s"]
+    return run
 
 
 def greedy_text(framework: str, config, run_dir: Path, prompt: str, length: int) -> str:
@@ -234,9 +287,9 @@ def shown(text: str, max_blank: int = 2) -> str:
 def summary(framework: str, run: dict, prompt: str) -> str:
     """What is printed after a framework's run: the final validation loss, the wall time and
     load, then the prompt and its greedy continuation (:func:`shown`)."""
-    if framework == "nanogpt":  # its own train.py: no parts of the wall time, no sample
-        parts = f"(data prepared in {run['prepare_s']:.1f} s), median update " \
-                f"{run['step_seconds_median'] * 1000:.1f} ms"
+    if framework == "nanogpt":  # its own train.py: no parts of its wall time but the data's
+        parts = (f"(data prepared in {run['prepare_s']:.1f} s), median update "
+                 f"{run['step_seconds_median'] * 1000:.1f} ms, sample {run['sample_s']:.1f} s")
     else:
         parts = (f"(evaluations {run['evaluations_s']:.1f} s, checkpoints "
                  f"{run['checkpoints_s']:.1f} s), sample {run['sample_s']:.1f} s")
@@ -244,7 +297,7 @@ def summary(framework: str, run: dict, prompt: str) -> str:
     text = (f"== {framework}: final val loss {run['final_val_loss']:.4f}, wall "
             f"{run['wall_s']:.1f} s {parts}, load {run['loadavg_before']} -> "
             f"{run['loadavg_after']}, other processes {foreign} cores")
-    return text if framework == "nanogpt" else text + "\n" + shown(prompt + run["sample"])
+    return text + "\n" + shown(prompt + run["sample"])
 
 
 def compare(runs: dict) -> dict:
@@ -338,6 +391,9 @@ def main(argv=None) -> int:
             nanogpt_root = nanogpt_checkout(args.nanogpt_dir)
         except ValueError as err:
             parser.error(str(err))
+        if missing := nanogpt_missing_imports():
+            parser.error(f"nanoGPT's scripts import {', '.join(missing)}, which this Python "
+                         f"cannot import (pip install {' '.join(missing)})")
     if args.device != "cpu" or args.dtype != "float32":
         parser.error("the recipe runs on the CPU in float32 (nanoGPT's CPU figure)")
     bench = harness.start(args, "baby_gpt", title="nanoGPT's baby GPT, char Shakespeare")
@@ -363,7 +419,6 @@ def main(argv=None) -> int:
             print(f"== {framework}: {config.steps} updates", flush=True)
             if framework == "nanogpt":
                 run = train_nanogpt(nanogpt_root, args, train, val, runs)
-                run["end_to_end_s"] = run["wall_s"]  # its sample.py is not run (module doc)
                 report["runs"][framework] = run
                 print(summary(framework, run, args.prompt), flush=True)
                 continue

@@ -2,7 +2,7 @@
 model (``--steps 20``: 300 newlines, the most likely character after a newline) used to print 300
 blank lines per framework. The summary is checked on a made-up run, without training. nanoGPT's
 own code (``--frameworks ...,nanogpt --nanogpt-dir``) is run as a stand-in checkout: the corpus in
-its layout, its command line, its log read back, its failure shown."""
+its layout, its command lines, its log and sample read back, its failure shown."""
 
 from __future__ import annotations
 
@@ -44,7 +44,9 @@ def test_a_real_sample_prints_as_it_is():
 # what the real one reads (configurator.py in the working directory, the corpus in
 # data/shakespeare_char as its prepare.py writes it, the recipe's flags) and then prints lines in
 # the real one's format: an evaluation every --eval_interval updates from update 0, one line per
-# update from 0 to --max_iters.
+# update from 0 to --max_iters; it leaves a checkpoint where the real one does. Its sample.py
+# refuses to run without that checkpoint, greedy sampling and the prompt's file, and prints the
+# prompt and a continuation as the real one does.
 FAKE_TRAIN = '''
 import os, pickle, sys
 import numpy as np
@@ -62,12 +64,26 @@ for it in range(steps + 1):
     if it % every == 0:
         print(f"step {it}: train loss {4 - it / 100:.4f}, val loss {4.1 - it / 100:.4f}")
     print(f"iter {it}: loss {4 - it / 200:.4f}, time {10 + it % 3:.2f}ms, mfu 0.01%")
+os.makedirs("out-shakespeare-char")
+open("out-shakespeare-char/ckpt.pt", "w").write("weights")
+'''
+FAKE_SAMPLE = '''
+import os, sys
+flags = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+assert os.path.isfile(os.path.join(flags["out_dir"], "ckpt.pt")), flags
+assert flags["top_k"] == "1" and flags["num_samples"] == "1", flags
+prompt = open(flags["start"].removeprefix("FILE:")).read()
+print("number of parameters: 0.80M")
+print("Loading meta from data/shakespeare_char/meta.pkl...")
+print(prompt + "x" * int(flags["max_new_tokens"]))
+print("---------------")
 '''
 
 
 def fake_nanogpt(root: Path, train_py: str = FAKE_TRAIN) -> Path:
     (root / "config").mkdir(parents=True)
     (root / "train.py").write_text(train_py)
+    (root / "sample.py").write_text(FAKE_SAMPLE)
     for name in ("model.py", "configurator.py", "config/train_shakespeare_char.py"):
         (root / name).write_text("# stand-in\n")
     return root
@@ -111,7 +127,18 @@ def test_nanogpt_needs_its_checkout_and_frameworks_are_named_once(argv, capsys):
     assert "--frameworks" in capsys.readouterr().err
 
 
-def test_nanogpts_run_is_timed_and_its_log_read(tmp_path, capsys):
+def test_what_nanogpts_code_imports_is_checked_before_anything_runs(tmp_path, monkeypatch, capsys):
+    root = fake_nanogpt(tmp_path / "nanoGPT")
+    monkeypatch.setattr(baby_gpt, "NANOGPT_IMPORTS", ("numpy", "no_module_of_this_name"))
+    with pytest.raises(SystemExit):
+        baby_gpt.main(["--frameworks", "nanogpt", "--nanogpt-dir", str(root), "--no-save"])
+    err = capsys.readouterr().err
+    assert "import no_module_of_this_name, which this Python cannot import" in err
+    assert "numpy" not in err
+
+
+def test_nanogpts_run_is_timed_and_its_log_read(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(baby_gpt, "NANOGPT_IMPORTS", ())  # tiktoken is not installed here
     data = corpus(tmp_path)[0].parent
     root = fake_nanogpt(tmp_path / "nanoGPT")
     out = tmp_path / "results"
@@ -130,6 +157,8 @@ def test_nanogpts_run_is_timed_and_its_log_read(tmp_path, capsys):
     assert "--max_iters=20" in run["command"]
     assert "--eval_iters=2" in run["command"]
     assert run["wall_s"] >= run["prepare_s"] > 0
+    assert run["sample"] == "x" * 300  # --sample-chars, after the prompt (a newline)
+    assert run["end_to_end_s"] == pytest.approx(run["wall_s"] + run["sample_s"])
     assert (out / "baby_gpt_t.png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert "nanoGPT: step 20: train loss 3.8000, val loss 3.9000" in printed
@@ -138,10 +167,11 @@ def test_nanogpts_run_is_timed_and_its_log_read(tmp_path, capsys):
     assert "== nanogpt: final val loss 3.9000" in printed
 
 
-def test_a_failing_nanogpt_run_shows_its_last_lines(tmp_path):
+def test_a_failing_nanogpt_run_shows_its_last_lines(tmp_path, monkeypatch):
+    monkeypatch.setattr(baby_gpt, "NANOGPT_IMPORTS", ())
     data = corpus(tmp_path)[0].parent
     root = fake_nanogpt(tmp_path / "nanoGPT", "print('loading'); raise SystemExit('no torch')")
-    with pytest.raises(RuntimeError, match=r"exited with 1:\nloading\nno torch"):
+    with pytest.raises(RuntimeError, match=r"train\.py exited with 1:\nloading\nno torch"):
         baby_gpt.main(["--frameworks", "nanogpt", "--nanogpt-dir", str(root), "--steps", "2",
                        "--data-dir", str(data), "--no-save", "--peak-repeats", "0",
                        "--no-compilation-cache"])
