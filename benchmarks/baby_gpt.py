@@ -394,6 +394,9 @@ def main(argv=None) -> int:
         if missing := nanogpt_missing_imports():
             parser.error(f"nanoGPT's scripts import {', '.join(missing)}, which this Python "
                          f"cannot import (pip install {' '.join(missing)})")
+        if args.runs_dir and (Path(args.runs_dir) / "nanogpt").exists():
+            parser.error(f"{Path(args.runs_dir) / 'nanogpt'} exists (an earlier run's nanoGPT "
+                         f"directory): remove it or give another --runs-dir")
     if args.device != "cpu" or args.dtype != "float32":
         parser.error("the recipe runs on the CPU in float32 (nanoGPT's CPU figure)")
     bench = harness.start(args, "baby_gpt", title="nanoGPT's baby GPT, char Shakespeare")

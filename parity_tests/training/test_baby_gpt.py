@@ -137,6 +137,17 @@ def test_what_nanogpts_code_imports_is_checked_before_anything_runs(tmp_path, mo
     assert "numpy" not in err
 
 
+def test_an_earlier_runs_nanogpt_directory_is_refused_before_anything_runs(tmp_path, monkeypatch,
+                                                                          capsys):
+    monkeypatch.setattr(baby_gpt, "NANOGPT_IMPORTS", ())
+    root = fake_nanogpt(tmp_path / "nanoGPT")
+    (tmp_path / "runs" / "nanogpt").mkdir(parents=True)
+    with pytest.raises(SystemExit):
+        baby_gpt.main(["--frameworks", "nanogpt", "--nanogpt-dir", str(root), "--no-save",
+                       "--runs-dir", str(tmp_path / "runs")])
+    assert "nanogpt exists (an earlier run's nanoGPT directory)" in capsys.readouterr().err
+
+
 def test_nanogpts_run_is_timed_and_its_log_read(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(baby_gpt, "NANOGPT_IMPORTS", ())  # tiktoken is not installed here
     data = corpus(tmp_path)[0].parent
