@@ -57,8 +57,9 @@ for key, want in (("device", "cpu"), ("compile", "False"), ("block_size", "64"),
                   ("batch_size", "12"), ("n_layer", "4"), ("n_embd", "128"), ("dropout", "0.0")):
     assert flags[key] == want, (key, flags[key])
 meta = pickle.load(open("data/shakespeare_char/meta.pkl", "rb"))
-val = np.fromfile("data/shakespeare_char/val.bin", dtype=np.uint16)
-print("val text: " + "".join(meta["itos"][int(i)] for i in val).replace("\\n", "|"))
+for split in ("train", "val"):  # the whole corpus, in ids the vocabulary knows
+    ids = np.fromfile(f"data/shakespeare_char/{split}.bin", dtype=np.uint16)
+    assert ids.size > 0 and ids.max() < meta["vocab_size"], (split, ids.size)
 steps, every = int(flags["max_iters"]), int(flags["eval_interval"])
 for it in range(steps + 1):
     if it % every == 0:
