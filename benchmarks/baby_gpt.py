@@ -42,7 +42,6 @@ import json
 import os
 import pickle
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -220,30 +219,23 @@ def train_nanogpt(root: Path, args, train: Path, val: Path, runs: Path) -> dict:
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     command = nanogpt_command(root, args)
-    load_before = harness.loadavg()
-    busy0, own0 = harness.cpu_busy_s(), time.process_time()
-    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    began = time.perf_counter()
-    vocab_size = nanogpt_data(train, val, work / "data" / "shakespeare_char")
-    prepare = time.perf_counter() - began
 
     def echo(line: str) -> None:
         m = NANOGPT_ITER.match(line)
         if NANOGPT_STEP.match(line) or (m and int(m.group(1)) % args.log_every == 0):
             print(f"  nanoGPT: {line}", flush=True)
 
-    lines = run_nanogpt(command, work, env, echo)
-    wall = time.perf_counter() - began
-    busy1, own1 = harness.cpu_busy_s(), time.process_time()
-    children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    ours = (own1 - own0 + children1.ru_utime + children1.ru_stime
-            - children0.ru_utime - children0.ru_stime)  # this process and nanoGPT's
-    foreign = (None if busy0 is None or busy1 is None else
-               max(0.0, (busy1 - busy0 - ours) / wall))
+    load_before = harness.loadavg()
+    with harness.ForeignLoad() as foreign:  # nanoGPT's process is ours, not foreign
+        began = time.perf_counter()
+        vocab_size = nanogpt_data(train, val, work / "data" / "shakespeare_char")
+        prepare = time.perf_counter() - began
+        lines = run_nanogpt(command, work, env, echo)
+        wall = time.perf_counter() - began
     run = {"wall_s": wall, "prepare_s": prepare, "vocab_size": vocab_size,
            "command": " ".join(command[1:]), "checkout": str(root),
            "loadavg_before": load_before, "loadavg_after": harness.loadavg(),
-           "foreign_cores": foreign, **nanogpt_log(lines)}
+           "foreign_cores": foreign.cores, **nanogpt_log(lines)}
     (work / "prompt.txt").write_text(args.prompt, encoding="utf-8")
     command = nanogpt_sample_command(root, args)
     began = time.perf_counter()

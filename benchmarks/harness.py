@@ -51,6 +51,7 @@ import datetime as dt
 import json
 import os
 import platform
+import resource
 import sys
 import time
 from pathlib import Path
@@ -194,16 +195,24 @@ def cpu_busy_s():
     return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def own_cpu_s() -> float:
+    """CPU seconds of this process and of the child processes it has waited for (a compile
+    helper, a script it ran): the work a benchmark does itself."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 class ForeignLoad:
     """``with ForeignLoad() as f: ...`` -> ``f.cores``: the average number of cores *other*
-    processes kept busy meanwhile (machine CPU time minus ours, over the wall time)."""
+    processes kept busy meanwhile (machine CPU time minus ours, :func:`own_cpu_s`, over the
+    wall time)."""
 
     def __enter__(self):
-        self.m0, self.p0, self.t0 = cpu_busy_s(), time.process_time(), time.perf_counter()
+        self.m0, self.p0, self.t0 = cpu_busy_s(), own_cpu_s(), time.perf_counter()
         return self
 
     def __exit__(self, *exc):
-        m1, p1, t1 = cpu_busy_s(), time.process_time(), time.perf_counter()
+        m1, p1, t1 = cpu_busy_s(), own_cpu_s(), time.perf_counter()
         self.cores = (None if self.m0 is None or m1 is None else
                       max(0.0, ((m1 - self.m0) - (p1 - self.p0)) / (t1 - self.t0)))
 
