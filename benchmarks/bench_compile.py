@@ -2,10 +2,14 @@
 """Compile time against depth: BERT-base-width models, scanned and unrolled layer stacks.
 
 BERT (hidden 768, 12 heads, intermediate 3072, vocabulary 30522) at ``--depths`` layers, with
-``scan_layers`` False and True. Two workloads per model: the forward pass (``BertForPreTraining``,
-batch ``--batch`` x ``--seq``) and a training step (masked-LM cross-entropy over every position,
-its gradients and an AdamW update, as ``jaxformer.training`` runs one). The model is abstract
-(``nnx.eval_shape``: shapes and dtypes, no weights), so 48 layers cost no memory; each case is
+``scan_layers`` False and True. Two workloads per model by default: the forward pass
+(``BertForPreTraining``, batch ``--batch`` x ``--seq``) and a training step (masked-LM
+cross-entropy over every position, its gradients and an AdamW update, as ``jaxformer.training``
+runs one). The model is abstract (``nnx.eval_shape``: shapes and dtypes, no weights), so 48 layers
+cost no memory. Two more on request (``--workloads initializer initializer_plain``): the model's
+initialiser, a jitted function of the seed that ``jaxformer train`` compiles before anything else,
+as the library builds it on the CPU (``jaxformer.nn.initializer``: draws grouped by shape, LLVM
+at level 1) and as everything else is built (``JAXFORMER_FAST_INITIALIZER=0``). Each case is
 ``jax.jit(fn).lower(abstract inputs)`` (tracing + lowering to StableHLO) then ``.compile()`` (XLA),
 timed on the wall clock and on this process's CPU clock, ``--repeats`` fresh compilations each
 (``jax.clear_caches()`` before each; the persistent compilation cache is off), medians kept.
@@ -20,6 +24,7 @@ clock, so the thresholds and the plot use CPU seconds).
 
     python benchmarks/bench_compile.py                      # 2, 12, 24, 48 layers, ~10 minutes
     python benchmarks/bench_compile.py --depths 2 12 --repeats 1 --no-save   # a quick look
+    python benchmarks/bench_compile.py --workloads initializer initializer_plain --depths 2 12 24
 """
 
 from __future__ import annotations
@@ -79,7 +84,33 @@ def workloads(family_config, batch: int, seq: int):
         return optax.apply_updates(params, updates), opt_state, new_rest, loss
 
     return {"forward": (forward, (params, rest, ids)),
-            "train_step": (train_step, (params, opt_state, rest, ids))}
+            "train_step": (train_step, (params, opt_state, rest, ids)),
+            "initializer": initializer(family_config, fast=True),
+            "initializer_plain": initializer(family_config, fast=False)}
+
+
+def initializer(family_config, fast: bool):
+    """The model's initialiser as ``jaxformer train`` compiles it (``training.step``: a jitted
+    function of the seed), built for a short compile (``fast``: ``runtime.fast_initializer``, on
+    the CPU) or as everything else (``JAXFORMER_FAST_INITIALIZER=0``); ``(jitted, (seed,))``."""
+    import os
+
+    import numpy as np
+
+    from jaxformer.config import GPTConfig
+    from jaxformer.training import step
+
+    family = "gpt" if isinstance(family_config, GPTConfig) else "bert"
+    before = os.environ.get("JAXFORMER_FAST_INITIALIZER")
+    os.environ["JAXFORMER_FAST_INITIALIZER"] = "1" if fast else "0"
+    try:  # the switch is read when the initialiser is made, not when it is compiled
+        _, jitted = step._initializer.__wrapped__(family, family_config)
+    finally:
+        if before is None:
+            del os.environ["JAXFORMER_FAST_INITIALIZER"]
+        else:
+            os.environ["JAXFORMER_FAST_INITIALIZER"] = before
+    return jitted, (np.uint32(0),)
 
 
 def compile_once(fn, args):
@@ -87,7 +118,8 @@ def compile_once(fn, args):
     import jax
     jax.clear_caches()
     w0, c0 = time.perf_counter(), time.process_time()
-    lowered = jax.jit(fn).lower(*args)
+    lowered = (fn if hasattr(fn, "lower") else jax.jit(fn)).lower(*args)  # (the initialisers
+    # are jitted with their own compiler options)
     w1, c1 = time.perf_counter(), time.process_time()
     compiled = lowered.compile()
     w2, c2 = time.perf_counter(), time.process_time()
@@ -105,7 +137,9 @@ def plot(results: dict, path: Path, title: str, clock: str) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
     styles = {("forward", False): "C0--", ("forward", True): "C0-",
-              ("train_step", False): "C1--", ("train_step", True): "C1-"}
+              ("train_step", False): "C1--", ("train_step", True): "C1-",
+              ("initializer", False): "C2--", ("initializer", True): "C2-",
+              ("initializer_plain", False): "C3--", ("initializer_plain", True): "C3-"}
     for (workload, scan), style in styles.items():
         points = sorted((c["num_layers"], c["median"][f"total_{clock}_s"])
                         for c in results.values()

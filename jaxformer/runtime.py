@@ -221,13 +221,23 @@ def cudnn_mask_types() -> bool:
     return env_switch("JAXFORMER_CUDNN_MASK_TYPES") is not False
 
 
+def fast_initializer() -> bool:
+    """Whether a model's initialiser (``training.step.build_model``) is built and compiled for a
+    short compile: its draws grouped by shape and its keys derived in blocks
+    (``jaxformer.nn.initializer``), LLVM at optimisation level 1 instead of XLA's 3
+    (:func:`initializer_compiler_options`). The initialiser runs once; compiling it was most of a
+    model's cold start-up (a baby GPT's 2.0 s -> 0.8-1.0 s... see docs/performance.md), and its
+    parameters are the same bit for bit (``parity_tests/test_runtime.py``). On the CPU backend
+    (where that was checked); ``JAXFORMER_FAST_INITIALIZER=0`` builds and compiles it as
+    everything else, ``=1`` forces it on any backend."""
+    switch = env_switch("JAXFORMER_FAST_INITIALIZER")
+    return switch if switch is not None else jax.default_backend() == "cpu"
+
+
 def initializer_compiler_options() -> dict | None:
-    """XLA options for compiling a model's initialiser (``training.step.build_model``): on the CPU
-    backend, LLVM at optimisation level 1 instead of XLA's 3. The initialiser runs once;
-    compiling it is most of a small model's start-up (a tiny model's 4.9 s -> 2.5 s), and its
-    parameters are the same bit for bit (``parity_tests/test_runtime.py``).
-    ``JAXFORMER_FAST_INITIALIZER=0`` compiles it as everything else."""
-    if env_switch("JAXFORMER_FAST_INITIALIZER") is False or jax.default_backend() != "cpu":
+    """XLA options for compiling a model's initialiser: LLVM at level 1 where
+    :func:`fast_initializer` says (an option of XLA:CPU's; none on other backends)."""
+    if not fast_initializer() or jax.default_backend() != "cpu":
         return None
     return {"xla_backend_optimization_level": 1}
 

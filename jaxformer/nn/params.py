@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import runtime
+from jaxformer.nn import initializer
 from jaxformer.sharding import constrain
 
 
@@ -189,7 +190,7 @@ def linear(in_features: int, out_features: int, config, *, names: tuple[str, str
         raise ValueError(f"a linear kernel has 2 axes, got names {names!r}")
     return _Linear(in_features, out_features, use_bias=use_bias, dtype=jnp.dtype(config.dtype),
                       param_dtype=jnp.dtype(config.param_dtype),
-                      kernel_init=nnx.initializers.normal(config.initializer_range),
+                      kernel_init=initializer.normal(config.initializer_range),
                       kernel_metadata=_names(names), bias_metadata=_names(names[1:]), rngs=rngs)
 
 
@@ -271,7 +272,7 @@ def embedding(num_embeddings: int, config, *, names: tuple[str, str],
         raise ValueError(f"an embedding table has 2 axes, got names {names!r}")
     return Embed(num_embeddings, config.hidden_size, dtype=jnp.dtype(config.dtype),
                  param_dtype=jnp.dtype(config.param_dtype),
-                 embedding_init=nnx.initializers.normal(config.initializer_range),
+                 embedding_init=initializer.normal(config.initializer_range),
                  embedding_metadata=_names(names), rngs=rngs)
 
 

@@ -18,6 +18,7 @@ import optax
 from flax import nnx
 
 from jaxformer import runtime, sharding
+from jaxformer.nn import initializer
 from jaxformer.training import losses, tasks
 from jaxformer.training.config import TrainConfig
 from jaxformer.training.optim import clip_by_global_norm, learning_rate, make_optimizer
@@ -63,9 +64,11 @@ def _initializer(family: str, model_config):
     graphdefs: list = []  # the model's graph, recorded when the initialiser is traced: a second
     # trace only for it (nnx.eval_shape) cost 0.25 s of a baby GPT's start-up, 0.8 s of GPT-2's
 
+    grouped = runtime.fast_initializer() and not model_config.scan_layers
+
     def initialize(seed):  # nnx.Rngs(seed) does this with a Python int; here it is traced
-        graphdef, state = nnx.split(MODELS[family](model_config,
-                                                   rngs=nnx.Rngs(jax.random.key(seed))))
+        graphdef, state = initializer.build(lambda rngs: MODELS[family](model_config, rngs=rngs),
+                                            jax.random.key(seed), grouped=grouped)
         graphdefs.append(graphdef)
         return state
 
