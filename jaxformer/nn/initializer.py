@@ -82,6 +82,7 @@ class _KeyTable(nnx.RngStream):
         self.count.set_value(zero)
         self._root = self.key[...]
         self._blocks: list[jax.Array] = []
+        self._handed: dict[int, tuple[int, jax.Array]] = {}  # id(key) -> (its count, the key)
 
     def __call__(self) -> jax.Array:
         count = self.count[...]
@@ -91,7 +92,18 @@ class _KeyTable(nnx.RngStream):
         while len(self._blocks) * KEY_BLOCK <= i:
             self._blocks.append(_key_block(self._root, len(self._blocks) * KEY_BLOCK))
         self.count.set_value(count + np.uint32(1))
-        return self._blocks[i // KEY_BLOCK][i % KEY_BLOCK]
+        key = self._blocks[i // KEY_BLOCK][i % KEY_BLOCK]
+        self._handed[id(key)] = (i, key)
+        return key
+
+    def stacked(self, keys: list[jax.Array]) -> jax.Array:
+        """``jnp.stack(keys)``; keys this stream handed out are taken from its blocks at once
+        (one gather, where stacking makes XLA a kernel per key)."""
+        counts = [self._handed.get(id(k), (None,))[0] for k in keys]
+        if None in counts:
+            return jnp.stack(keys)
+        table = self._blocks[0] if len(self._blocks) == 1 else jnp.concatenate(self._blocks)
+        return table[np.array(counts)]
 
     def fork(self, *, split=None) -> nnx.RngStream:
         return _plain(super().fork(split=split))
@@ -128,14 +140,14 @@ def build(construct: Callable[[nnx.Rngs], nnx.Module], key: jax.Array, *, groupe
         graphdef, state = nnx.split(construct(rngs))
     finally:
         _PENDING.reset(token)
-    return graphdef, _drawn(state, pending)
+    return graphdef, _drawn(state, pending, rngs.default)
 
 
 def _one_draw(draw, shape, dtype, key):
     return draw(key, shape, dtype)
 
 
-def _drawn(state, pending: list[_Draw]):
+def _drawn(state, pending: list[_Draw], stream: _KeyTable):
     """``state`` with each placeholder replaced by its draw, the draws of one shape, dtype and
     deviation made by one loop."""
     groups: dict[tuple, list[_Draw]] = {}
@@ -148,7 +160,7 @@ def _drawn(state, pending: list[_Draw]):
             values[id(draws[0].placeholder)] = draw(draws[0].key, shape, dtype)
             continue
         made = jax.lax.map(functools.partial(_one_draw, draw, shape, dtype),
-                           jnp.stack([d.key for d in draws]))
+                           stream.stacked([d.key for d in draws]))
         values.update((id(d.placeholder), made[i]) for i, d in enumerate(draws))
     found = set()
 
