@@ -217,16 +217,22 @@ def main(argv=None) -> int:
     report["complete"] = True
     if not args.no_save:
         save(report, Path(args.out), args)
-        print(f"wrote {Path(args.out) / 'bench_compile.json'} and .png")
+        print(f"wrote {Path(args.out) / result_stem(args)}.json and .png")
     return 0
+
+
+def result_stem(args) -> str:
+    """``bench_compile``, or ``bench_compile_<tag>`` with ``--tag`` (an experiment's own files)."""
+    return "bench_compile" + (f"_{args.tag}" if args.tag else "")
 
 
 def save(report: dict, out: Path, args) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "bench_compile.json.tmp"
+    stem = result_stem(args)
+    tmp = out / f"{stem}.json.tmp"
     tmp.write_text(json.dumps(report, indent=1))
-    tmp.replace(out / "bench_compile.json")
-    plot(report["results"], out / "bench_compile.png",
+    tmp.replace(out / f"{stem}.json")
+    plot(report["results"], out / f"{stem}.png",
          f"BERT-base width, batch {args.batch} x {args.seq}: lower + compile, CPU seconds\n"
          f"({report['environment'].get('cpu_count')} cores shared, load average up to "
          f"{max(c['loadavg_after'][0] for c in report['results'].values()):.0f})", "cpu")
