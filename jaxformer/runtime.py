@@ -79,9 +79,11 @@ nothing to compile and its own allocator habits). See docs/performance.md for th
   instead of an additive bias, whose gradient cuDNN then computes too (the pattern is checked on
   the device: see ``jaxformer.nn.attention.cudnn_attention``); ``JAXFORMER_CUDNN_MASK_TYPES=0``
   always passes the bias.
-- :func:`initializer_compiler_options`: a model's initialiser is compiled with LLVM at
-  optimisation level 1 on the CPU backend (half the compile time of a small model's start-up;
-  the same parameters bit for bit); ``JAXFORMER_FAST_INITIALIZER=0`` turns it off.
+- :func:`fast_initializer`, :func:`initializer_compiler_options`: on the CPU backend a model's
+  initialiser is built for a short compile (``jaxformer.nn.initializer``: its draws grouped by
+  shape, its keys derived in blocks) and compiled with LLVM at optimisation level 1 (GPT-2
+  small's build 6.6 -> 3.4-5.0 s; the same parameters and keys bit for bit);
+  ``JAXFORMER_FAST_INITIALIZER=0`` turns it off, ``=1`` forces it elsewhere.
 - :func:`train_compiler_options`: XLA options for compiling the training step. On the GPU
   backend XLA's own Triton GEMM kernels are turned off, so that its products go to cuBLAS (a
   GPT-2 small step in bfloat16 on an H200: see docs/performance.md); ``JAXFORMER_TRITON_GEMM=1``
@@ -226,9 +228,9 @@ def fast_initializer() -> bool:
     short compile: its draws grouped by shape and its keys derived in blocks
     (``jaxformer.nn.initializer``), LLVM at optimisation level 1 instead of XLA's 3
     (:func:`initializer_compiler_options`). The initialiser runs once; compiling it was most of a
-    model's cold start-up (a baby GPT's 2.0 s -> 0.8-1.0 s... see docs/performance.md), and its
-    parameters are the same bit for bit (``parity_tests/test_runtime.py``). On the CPU backend
-    (where that was checked); ``JAXFORMER_FAST_INITIALIZER=0`` builds and compiles it as
+    model's start-up outside the step (GPT-2 small's build 6.6 -> 3.4-5.0 s: docs/performance.md),
+    and its parameters are the same bit for bit (``parity_tests/test_runtime.py``). On the CPU
+    backend (where that was checked); ``JAXFORMER_FAST_INITIALIZER=0`` builds and compiles it as
     everything else, ``=1`` forces it on any backend."""
     switch = env_switch("JAXFORMER_FAST_INITIALIZER")
     return switch if switch is not None else jax.default_backend() == "cpu"
