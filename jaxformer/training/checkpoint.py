@@ -18,6 +18,9 @@ from jaxformer.training.rundir import CheckpointDamaged
 
 COMMIT_MARKER = "commit_success.txt"  # orbax writes it into the temporary directory, last
 _TMP = ".orbax-checkpoint-tmp"
+# Arrays of at most this many bytes are saved packed, one buffer per dtype (see Checkpointer)
+PACK_BYTES = 1 << 20
+_PACKED = "_packed"  # the packed buffers' key in the saved state
 
 
 def _is_key(x) -> bool:
@@ -71,15 +74,65 @@ def _flat(nested: dict, prefix: str = "") -> dict:
     return out
 
 
+def _nested(flat: dict) -> dict:
+    """The nested dictionaries of ``{"a/b": leaf}`` (the inverse of :func:`_flat`)."""
+    out: dict = {}
+    for name, leaf in flat.items():
+        node = out
+        *parents, last = name.split("/")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = leaf
+    return out
+
+
+def _pack(leaves: dict, names: list[str]) -> dict[str, np.ndarray]:
+    """The arrays ``names`` of ``leaves`` (NumPy), flattened and joined, one buffer per dtype in
+    the order of ``names``."""
+    parts: dict[str, list[np.ndarray]] = {}
+    for name in names:
+        parts.setdefault(str(leaves[name].dtype), []).append(np.ravel(leaves[name]))
+    return {dtype: np.concatenate(arrays) for dtype, arrays in parts.items()}
+
+
+def _packed_sizes(names: list[str], recorded: dict) -> dict[str, int]:
+    """The length of each dtype's buffer that :func:`_pack` made of the arrays ``names``."""
+    sizes: dict[str, int] = {}
+    for name in names:
+        shape, dtype = recorded[name][0], recorded[name][1]
+        sizes[dtype] = sizes.get(dtype, 0) + int(np.prod(shape, dtype=np.int64))
+    return sizes
+
+
+def _unpack(buffers: dict, names: list[str], recorded: dict) -> dict[str, np.ndarray]:
+    """The arrays ``names`` cut out of ``buffers`` (:func:`_pack`'s) with their recorded shapes."""
+    offsets = dict.fromkeys(buffers, 0)
+    out = {}
+    for name in names:
+        shape, dtype = recorded[name][0], recorded[name][1]
+        size = int(np.prod(shape, dtype=np.int64))
+        start = offsets[dtype]
+        out[name] = buffers[dtype][start:start + size].reshape(shape)
+        offsets[dtype] = start + size
+    return out
+
+
 def _placed(host: dict, like: dict) -> dict:
     """The NumPy arrays of ``host`` (nested dictionaries, emptied on the way) placed where their
     counterparts in ``like`` lie, each host copy dropped once it is placed: the memory a restore
     needs beyond the live state is one array, not a second copy of the state."""
-    out = {}
+    out: dict[str, Any] = {}
     for key in list(host):
         value = host.pop(key)
-        out[key] = (_placed(value, like[key]) if isinstance(value, dict)
-                    else jax.device_put(value, like[key].sharding))
+        if isinstance(value, dict):
+            out[key] = _placed(value, like[key])
+        elif not isinstance(value, np.ndarray):  # already read in place (several processes)
+            out[key] = value
+        elif like[key].is_fully_addressable:
+            out[key] = jax.device_put(value, like[key].sharding)
+        else:  # each process places its own pieces of the whole array it holds
+            out[key] = jax.make_array_from_callback(value.shape, like[key].sharding,
+                                                    value.__getitem__)
     return out
 
 
@@ -108,7 +161,12 @@ class Checkpointer:
 
     Arrays are saved sharded, as they lie (each process writes its own pieces), and restored with
     the shardings of the live trainer's state: a checkpoint saved under one mesh restores under
-    another mesh, or onto one device, with the same values.
+    another mesh, or onto one device, with the same values. A run of one process saves its arrays
+    of at most ``pack_bytes`` (1 MiB) packed, one buffer per dtype, named in the meta's
+    ``packed`` list: orbax spends about half a millisecond on every array it writes, and a baby
+    GPT's state is 225 arrays of 43 KB on average (a save 146 -> 41 ms). Restoring cuts them
+    out again; checkpoints without the list (older ones, those of several processes) restore as
+    they are.
 
     Only directories named by a step are checkpoints: one without orbax's commit marker
     (``commit_success.txt``, written last) is incomplete and never read, and unfinished temporary
@@ -119,9 +177,11 @@ class Checkpointer:
     problem; ``set_aside(step)`` moves such a checkpoint into ``DIR-damaged/``.
     """
 
-    def __init__(self, directory, keep: int = 3, read_only: bool = False):
+    def __init__(self, directory, keep: int = 3, read_only: bool = False,
+                 pack_bytes: int = PACK_BYTES):
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
+        self.pack_bytes = pack_bytes  # 0: every array saved on its own
         self.directory = Path(directory).absolute()
         self.read_only = read_only  # loading (jaxformer.loading): nothing created or removed
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
@@ -167,6 +227,12 @@ class Checkpointer:
         if all(getattr(x, "is_fully_addressable", True) for x in leaves.values()):
             meta["arrays"] = {name: [list(x.shape), str(x.dtype), _crc(x)]
                               for name, x in leaves.items()}
+        if jax.process_count() == 1 and self.pack_bytes:  # host arrays, all of them
+            packed = [name for name, x in leaves.items() if x.nbytes <= self.pack_bytes]
+            if packed:
+                meta["packed"] = packed
+                state = _nested({k: v for k, v in leaves.items() if k not in set(packed)})
+                state[_PACKED] = _pack(leaves, packed)
         self._manager.save(trainer.step, force=True, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
         self._manager.wait_until_finished()
@@ -204,13 +270,15 @@ class Checkpointer:
 
     def read_meta(self, step: int | None = None) -> dict:
         meta = self._raw_meta(self._step(step))
-        meta.pop("arrays", None)
+        meta.pop("arrays", None)  # the checkpoint's own records, not the loop's meta
+        meta.pop("packed", None)
         return meta
 
     def restore(self, trainer, step: int | None = None) -> dict:
         step = self._step(step)
         meta = self._raw_meta(step)
         recorded = meta.pop("arrays", None)
+        packed = meta.pop("packed", None)
         state_dir = self.path(step) / "state"
         if not (state_dir / COMMIT_MARKER).is_file():
             raise CheckpointDamaged(step, state_dir / COMMIT_MARKER,
@@ -219,6 +287,8 @@ class Checkpointer:
         nested = _to_nested(template)
         if recorded is not None:
             self._check_layout(step, state_dir, recorded, _flat(nested))
+        if packed is not None:
+            self._check_packed(step, packed, recorded)
         whole = jax.process_count() == 1  # every array in this process
         if whole:  # read into host memory (as :meth:`save` writes), then placed in the
             # trainer's layout (_placed)
@@ -226,22 +296,37 @@ class Checkpointer:
         else:  # each process reads its pieces, in the trainer's layout whatever the saved one
             target = jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), nested)
+        if packed is not None:  # the packed arrays are read whole, as their buffers
+            target = _nested({k: v for k, v in _flat(target).items() if k not in set(packed)})
+            target[_PACKED] = {dtype: np.empty(size, dtype)
+                               for dtype, size in _packed_sizes(packed, recorded).items()}
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(target)))["state"]
         except Exception as error:  # orbax and TensorStore raise many kinds
             raise CheckpointDamaged(step, state_dir, f"cannot be read ({_one_line(error)})"
                                     ) from None
+        if packed is not None:
+            buffers = restored.pop(_PACKED)
+            restored = _nested({**_flat(restored), **_unpack(buffers, packed, recorded)})
         if recorded is not None:
             for name, value in _flat(restored).items():
                 addressable = getattr(value, "is_fully_addressable", True)
                 if addressable and _crc(value) != recorded[name][2]:
                     raise CheckpointDamaged(step, state_dir, f"array {name} does not match the "
                                             f"CRC-32 recorded when it was saved (a corrupt file)")
-        if whole:
+        if whole or packed is not None:
             restored = _placed(restored, nested)
         trainer.load_state_dict(_from_nested(restored, template))
         return meta
+
+    def _check_packed(self, step: int, packed, recorded) -> None:
+        """The meta's ``packed`` list names recorded arrays, each once."""
+        if recorded is None or not isinstance(packed, list) or not all(
+                isinstance(name, str) and name in recorded for name in packed) or len(
+                set(packed)) != len(packed):
+            raise CheckpointDamaged(step, self.meta_path(step), "its 'packed' entry is not a list "
+                                    "of the arrays it records, each once")
 
     @staticmethod
     def _check_layout(step: int, state_dir: Path, recorded, live: dict) -> None:

@@ -304,28 +304,33 @@ def train(config: TrainConfig, options: RunOptions, flags: list | None = None) -
                       checkpointer=checkpointer, signals=signals, status=status, stream=stream,
                       progress=progress)
     interrupted, aborted = None, False
-    try:
-        with open(metrics_path if primary else os.devnull, "a") as metrics_file, signals:
-            interrupted = updates.run(metrics_file)
-            # the end of the run, or an interrupt: the state reached is always saved
-            if saved_at != trainer.step:
-                save()
-            if options.export_hf and not interrupted:
-                model = distributed.whole_model(trainer)
-                if primary:
-                    rundir.export_hf(model, run_dir, Path(options.export_hf), options.overwrite)
-    except RunAborted:
-        aborted = True
-        raise
-    finally:
-        if updates.bar is not None:
-            updates.bar.close()
-        checkpointer.close()  # removes an unfinished save's temporary directory
-        if not aborted and primary:
-            records = reporting.read_metrics(metrics_path)
-            if records:
-                reporting.plot_losses(records, plot_path,
-                                      f"{family} {options.preset_label} ({options.framework})")
+    # The signals are handled to the end of the wrap-up: a second one while the checkpointer
+    # closes or the plot is drawn stops at once (RunAborted), as during the updates, instead of
+    # meeting the default handlers (SIGTERM: killed, with no exit status of ours).
+    with signals:
+        try:
+            with open(metrics_path if primary else os.devnull, "a") as metrics_file:
+                interrupted = updates.run(metrics_file)
+                # the end of the run, or an interrupt: the state reached is always saved
+                if saved_at != trainer.step:
+                    save()
+                if options.export_hf and not interrupted:
+                    model = distributed.whole_model(trainer)
+                    if primary:
+                        rundir.export_hf(model, run_dir, Path(options.export_hf),
+                                         options.overwrite)
+        except RunAborted:
+            aborted = True
+            raise
+        finally:
+            if updates.bar is not None:
+                updates.bar.close()
+            checkpointer.close()  # removes an unfinished save's temporary directory
+            if not aborted and primary:
+                records = reporting.read_metrics(metrics_path)
+                if records:
+                    reporting.plot_losses(records, plot_path, f"{family} "
+                                          f"{options.preset_label} ({options.framework})")
     if interrupted:
         raise RunInterrupted(interrupted, trainer.step, checkpointer.directory)
     model = trainer.sync()

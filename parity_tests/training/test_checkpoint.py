@@ -8,13 +8,16 @@ command (``test_kill_resume.py``, dropout on), which would otherwise repeat its 
 
 from __future__ import annotations
 
+import json
+
 import jax
 import numpy as np
 import pytest
 
 from jaxformer.training import tasks, vocab
-from jaxformer.training.checkpoint import Checkpointer
+from jaxformer.training.checkpoint import PACK_BYTES, Checkpointer
 from jaxformer.training.config import TrainConfig
+from jaxformer.training.rundir import CheckpointDamaged
 from jaxformer.training.step import TrainStep, build_model
 from jaxformer.training.tasks import model_config
 from torch_ref.training.checkpoint import Checkpointer as TorchCheckpointer
@@ -48,7 +51,11 @@ def _leaves(trainer) -> list[np.ndarray]:
         trainer.state_dict())]
 
 
-def test_jax_round_trip_is_bit_identical(setup, tmp_path):
+@pytest.mark.parametrize("saved_packing", [PACK_BYTES, 1024, 0])
+def test_jax_round_trip_is_bit_identical(setup, tmp_path, saved_packing):
+    """Every array back, bit for bit, whichever arrays were saved packed: all (the default: the
+    tiny model's are all small), those of at most 1 KB, none (the layout before packing, which
+    a checkpointer that packs restores as it is)."""
     _, model_cfg = setup
     source, _ = _trainer("jax", model_cfg, 0)
     # Moments and counts that are not their initial zeros, and advanced RNG counters.
@@ -60,7 +67,14 @@ def test_jax_round_trip_is_bit_identical(setup, tmp_path):
         x.dtype, jax.dtypes.prng_key) else x + 5, state["rest"])
     state["step"] = state["step"] + 7
     source.load_state_dict(state)
-    Checkpointer(tmp_path).save(source, {"data_position": 7})
+    Checkpointer(tmp_path, pack_bytes=saved_packing).save(source, {"data_position": 7})
+    meta = json.loads(Checkpointer(tmp_path).meta_path(7).read_text())
+    sizes = {name: int(np.prod(shape)) * np.dtype(dtype).itemsize
+             for name, (shape, dtype, _) in meta["arrays"].items()}
+    small = [name for name, size in sizes.items() if size <= saved_packing]
+    assert meta.get("packed", []) == small  # in the recorded order
+    if saved_packing == 1024:  # packed and unpacked arrays in one checkpoint
+        assert 0 < len(small) < len(sizes)
     target, _ = _trainer("jax", model_cfg, 1)  # other weights and keys
     assert Checkpointer(tmp_path).restore(target) == {"data_position": 7}
     assert target.step == 7
@@ -70,6 +84,22 @@ def test_jax_round_trip_is_bit_identical(setup, tmp_path):
     # ...and the structure is the live one (optax states, nnx.State), not nested dicts.
     assert (jax.tree.structure(target.state_dict()["opt_state"])
             == jax.tree.structure(source.state_dict()["opt_state"]))
+
+
+@pytest.mark.parametrize("packed", [["nowhere"], "params", "twice"])
+def test_a_damaged_packed_list_is_named(setup, tmp_path, packed):
+    """The meta's list of packed arrays decides where every array is cut from: one that names an
+    array the checkpoint does not record, is not a list, or names an array twice is refused."""
+    _, model_cfg = setup
+    source, _ = _trainer("jax", model_cfg, 0)
+    source.step = 3
+    Checkpointer(tmp_path).save(source, {"data_position": 3})
+    path = Checkpointer(tmp_path).meta_path(3)
+    meta = json.loads(path.read_text())
+    meta["packed"] = meta["packed"] + meta["packed"][:1] if packed == "twice" else packed
+    path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointDamaged, match=r"metadata: its 'packed' entry is not a list"):
+        Checkpointer(tmp_path).restore(_trainer("jax", model_cfg, 1)[0])
 
 
 def test_torch_restored_step_continues_exactly(setup, tmp_path):
