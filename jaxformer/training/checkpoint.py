@@ -231,7 +231,7 @@ class Checkpointer:
             packed = [name for name, x in leaves.items() if x.nbytes <= self.pack_bytes]
             if packed:
                 meta["packed"] = packed
-                state = _nested({k: v for k, v in leaves.items() if k not in set(packed)})
+                state = _nested({k: v for k, v in leaves.items() if v.nbytes > self.pack_bytes})
                 state[_PACKED] = _pack(leaves, packed)
         self._manager.save(trainer.step, force=True, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
@@ -297,7 +297,8 @@ class Checkpointer:
             target = jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), nested)
         if packed is not None:  # the packed arrays are read whole, as their buffers
-            target = _nested({k: v for k, v in _flat(target).items() if k not in set(packed)})
+            apart = set(_flat(target)) - set(packed)
+            target = _nested({k: v for k, v in _flat(target).items() if k in apart})
             target[_PACKED] = {dtype: np.empty(size, dtype)
                                for dtype, size in _packed_sizes(packed, recorded).items()}
         try:
@@ -308,6 +309,10 @@ class Checkpointer:
                                     ) from None
         if packed is not None:
             buffers = restored.pop(_PACKED)
+            sizes = _packed_sizes(packed, recorded)
+            if any(buffers[dtype].size != size for dtype, size in sizes.items()):
+                raise CheckpointDamaged(step, state_dir, "its packed arrays do not add up to the "
+                                        "arrays its meta lists")
             restored = _nested({**_flat(restored), **_unpack(buffers, packed, recorded)})
         if recorded is not None:
             for name, value in _flat(restored).items():
