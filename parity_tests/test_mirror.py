@@ -54,6 +54,8 @@ JAX_ONLY = {
     "nn/jit.py": "the nnx.split + jax.jit idiom; torch runs eagerly and has nothing to compile",
     "nn/dropout.py": "nnx.Dropout's masks drawn in one pass on the CPU (JAX's own random bits); "
                      "torch_ref uses nn.Dropout, whose masks come from torch's generator",
+    "nn/initializer.py": "the jitted initialiser laid out for a short XLA compile (the same "
+                         "parameters); the torch twin starts from jaxformer's initial weights",
     "checkpoints/": "weight I/O exists once: it moves weights between the twins through numpy",
     "parity/": "the main job builds both twins and compares them: the judge, not a twin",
     "cli.py": "the `jaxformer` command",
@@ -149,6 +151,10 @@ INTENDED: dict[str, dict[tuple[str, str], str]] = {
     "training/checkpoint.py": {
         (JAX, "name COMMIT_MARKER"):
             "orbax's completion marker; the torch twin writes one torch.save file atomically",
+        (JAX, "name PACK_BYTES"):
+            "orbax's cost per array: small arrays are saved packed; torch.save writes one file",
+        (JAX, "Checkpointer.__init__(pack_bytes)"): "the same packing, per checkpointer",
+        (JAX, "Checkpointer.pack_bytes (attribute)"): "the same packing, per checkpointer",
     },
     "training/optim.py": {
         (JAX, "function scale_by_adam"):
