@@ -93,23 +93,15 @@ def initializer(family_config, fast: bool):
     """The model's initialiser as ``jaxformer train`` compiles it (``training.step``: a jitted
     function of the seed), built for a short compile (``fast``: ``runtime.fast_initializer``, on
     the CPU) or as everything else (``JAXFORMER_FAST_INITIALIZER=0``); ``(jitted, (seed,))``."""
-    import os
-
     import numpy as np
 
     from jaxformer.config import GPTConfig
     from jaxformer.training import step
 
     family = "gpt" if isinstance(family_config, GPTConfig) else "bert"
-    before = os.environ.get("JAXFORMER_FAST_INITIALIZER")
-    os.environ["JAXFORMER_FAST_INITIALIZER"] = "1" if fast else "0"
-    try:  # the switch is read when the initialiser is made, not when it is compiled
+    # the switch is read when the initialiser is made, not when it is compiled
+    with harness.environment_variable("JAXFORMER_FAST_INITIALIZER", "1" if fast else "0"):
         _, jitted = step._initializer.__wrapped__(family, family_config)
-    finally:
-        if before is None:
-            del os.environ["JAXFORMER_FAST_INITIALIZER"]
-        else:
-            os.environ["JAXFORMER_FAST_INITIALIZER"] = before
     return jitted, (np.uint32(0),)
 
 

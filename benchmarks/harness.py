@@ -47,6 +47,7 @@ below is the guide to writing a script with it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -128,8 +129,6 @@ def switched_off(name: str | None, program: str):
     is; both are timed in one process."""
     if name is None:
         return None, None
-    import contextlib
-
     import jax
 
     from jaxformer.generation import decoding
@@ -144,18 +143,27 @@ def switched_off(name: str | None, program: str):
 
     @contextlib.contextmanager
     def off():
-        saved = os.environ.get(name)
         setattr(decoding, program, compiled)
-        os.environ[name] = "0"
         try:
-            yield
+            with environment_variable(name, "0"):
+                yield
         finally:
             setattr(decoding, program, default)
-            if saved is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = saved
     return off, f"jaxformer {name}=0"
+
+
+@contextlib.contextmanager
+def environment_variable(name: str, value: str):
+    """The environment variable ``name`` set to ``value`` for the duration, then as it was."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = saved
 
 
 # ----------------------------------------------------------------------------- statistics

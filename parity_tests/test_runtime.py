@@ -192,14 +192,9 @@ def _initializer_leaves(initialize, seed=5) -> list[np.ndarray]:
 def _primitives(initialize, name: str) -> int:
     """How many ``name`` equations the initialiser's jaxpr holds, nested ones included."""
     def count(jaxpr) -> int:
-        n = 0
-        for eqn in jaxpr.eqns:
-            n += eqn.primitive.name == name
-            for param in eqn.params.values():
-                inner = getattr(param, "jaxpr", None)
-                if inner is not None:
-                    n += count(getattr(inner, "jaxpr", inner))
-        return n
+        return sum((eqn.primitive.name == name)
+                   + sum(count(sub) for sub in jax.extend.core.jaxprs_in_params(eqn.params))
+                   for eqn in jaxpr.eqns)
 
     return count(initialize.trace(np.uint32(0)).jaxpr.jaxpr)
 

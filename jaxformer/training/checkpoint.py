@@ -297,10 +297,9 @@ class Checkpointer:
             target = jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), nested)
         if packed is not None:  # the packed arrays are read whole, as their buffers
-            apart = set(_flat(target)) - set(packed)
-            target = _nested({k: v for k, v in _flat(target).items() if k in apart})
-            target[_PACKED] = {dtype: np.empty(size, dtype)
-                               for dtype, size in _packed_sizes(packed, recorded).items()}
+            listed, sizes = set(packed), _packed_sizes(packed, recorded)
+            target = _nested({k: v for k, v in _flat(target).items() if k not in listed})
+            target[_PACKED] = {dtype: np.empty(size, dtype) for dtype, size in sizes.items()}
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(target)))["state"]
@@ -308,8 +307,7 @@ class Checkpointer:
             raise CheckpointDamaged(step, state_dir, f"cannot be read ({_one_line(error)})"
                                     ) from None
         if packed is not None:
-            buffers = restored.pop(_PACKED)
-            sizes = _packed_sizes(packed, recorded)
+            buffers = restored.pop(_PACKED)  # as stored, whatever the target's length
             if any(buffers[dtype].size != size for dtype, size in sizes.items()):
                 raise CheckpointDamaged(step, state_dir, "its packed arrays do not add up to the "
                                         "arrays its meta lists")

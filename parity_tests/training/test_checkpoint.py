@@ -102,6 +102,26 @@ def test_a_damaged_packed_list_is_named(setup, tmp_path, packed):
         Checkpointer(tmp_path).restore(_trainer("jax", model_cfg, 1)[0])
 
 
+def test_packed_buffers_of_another_checkpoint_are_named(setup, tmp_path):
+    """A checkpoint whose state directory is another one's (a model with a smaller vocabulary):
+    its meta fits the model and orbax reads the buffers as stored, shorter than the meta's list
+    adds up to; refused, instead of cutting arrays past the buffers' end (a reshape error)."""
+    import dataclasses
+    import shutil
+
+    _, model_cfg = setup
+    ours, _ = _trainer("jax", model_cfg, 0)
+    wider, _ = _trainer("jax", dataclasses.replace(model_cfg,
+                                                   vocab_size=model_cfg.vocab_size + 3), 0)
+    for trainer, directory in ((ours, tmp_path / "ours"), (wider, tmp_path / "wider")):
+        trainer.step = 3
+        Checkpointer(directory).save(trainer, {"data_position": 3})
+    shutil.rmtree(tmp_path / "wider" / "3" / "state")
+    shutil.copytree(tmp_path / "ours" / "3" / "state", tmp_path / "wider" / "3" / "state")
+    with pytest.raises(CheckpointDamaged, match="its packed arrays do not add up"):
+        Checkpointer(tmp_path / "wider").restore(wider)
+
+
 def test_torch_restored_step_continues_exactly(setup, tmp_path):
     dataset, model_cfg = setup
     trainer, checkpointer_cls = _trainer("torch", model_cfg, 0)
