@@ -28,6 +28,7 @@ from jaxformer import runtime
 from jaxformer.config import GPTConfig, TransformerConfig
 from jaxformer.training import step, tasks
 from jaxformer.training.config import TrainConfig
+from parity_tests.support.jaxprs import equations, raw_leaves
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or os.confstr(
     "CS_GNU_LIBC_VERSION") is None, reason="mallopt is glibc's")
@@ -185,18 +186,13 @@ def test_a_restored_state_lowers_to_the_fresh_runs_program():
 
 
 def _initializer_leaves(initialize, seed=5) -> list[np.ndarray]:
-    return [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(
-        x.dtype, jax.dtypes.prng_key) else x) for x in jax.tree.leaves(initialize(np.uint32(seed)))]
+    return raw_leaves(initialize(np.uint32(seed)))
 
 
 def _primitives(initialize, name: str) -> int:
     """How many ``name`` equations the initialiser's jaxpr holds, nested ones included."""
-    def count(jaxpr) -> int:
-        return sum((eqn.primitive.name == name)
-                   + sum(count(sub) for sub in jax.extend.core.jaxprs_in_params(eqn.params))
-                   for eqn in jaxpr.eqns)
-
-    return count(initialize.trace(np.uint32(0)).jaxpr.jaxpr)
+    return sum(eqn.primitive.name == name
+               for eqn in equations(initialize.trace(np.uint32(0)).jaxpr.jaxpr))
 
 
 @pytest.mark.parametrize(("family", "scan"), [("gpt", False), ("transformer", False),
@@ -409,15 +405,7 @@ def test_cudnn_attention_switches(monkeypatch):
 def _dot_generals(jaxpr) -> list:
     """The ``dot_general`` equations of ``jaxpr`` and of the programs inside it (a custom
     gradient's forward, a loop's body)."""
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            found.append(eqn)
-        for value in eqn.params.values():
-            inner = getattr(value, "jaxpr", value)
-            if hasattr(inner, "eqns"):
-                found += _dot_generals(inner)
-    return found
+    return [eqn for eqn in equations(jaxpr) if eqn.primitive.name == "dot_general"]
 
 
 @pytest.mark.parametrize("input_shape", [(1, 1, 37), (1, 37), (3, 5, 37)])

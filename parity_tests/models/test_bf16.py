@@ -66,6 +66,7 @@ from parity_tests.support.bf16 import (
     loss_labels,
 )
 from parity_tests.support.helpers import FORWARD_RTOL, max_rel_diff, randomize
+from parity_tests.support.jaxprs import equations
 from parity_tests.support.twins import SPREAD
 
 BF16_VISIBLE = 1e-4  # bfloat16 must differ from float32 by at least this much
@@ -78,16 +79,8 @@ def param_dtypes(model: nnx.Module) -> dict[str, str]:
 
 def matmul_operand_dtypes(jaxpr) -> list[tuple[str, ...]]:
     """The operand dtypes of every ``dot_general`` in ``jaxpr`` and the jaxprs nested in it."""
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            found.append(tuple(str(v.aval.dtype) for v in eqn.invars))
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (list, tuple)) else (param,):
-                inner = getattr(sub, "jaxpr", sub)  # ClosedJaxpr -> Jaxpr
-                if hasattr(inner, "eqns"):
-                    found += matmul_operand_dtypes(inner)
-    return found
+    return [tuple(str(v.aval.dtype) for v in eqn.invars) for eqn in equations(jaxpr)
+            if eqn.primitive.name == "dot_general"]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -140,16 +133,8 @@ def test_bfloat16_model(family):
 
 def primitive_dtypes(jaxpr, names: set[str]) -> list[tuple[str, str]]:
     """``(primitive, operand dtype)`` of every equation named in ``names``, nested jaxprs too."""
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in names:
-            found += [(eqn.primitive.name, str(v.aval.dtype)) for v in eqn.invars]
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (list, tuple)) else (param,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    found += primitive_dtypes(inner, names)
-    return found
+    return [(eqn.primitive.name, str(v.aval.dtype)) for eqn in equations(jaxpr)
+            if eqn.primitive.name in names for v in eqn.invars]
 
 
 # Where bfloat16 would lose the result: the sums and maxima of LayerNorm statistics, softmax and

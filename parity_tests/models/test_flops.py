@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 
 import jax
-import jax.extend as jex
 import jax.numpy as jnp
 import pytest
 from flax import nnx
@@ -38,6 +37,7 @@ from jaxformer.models import bert as jbert
 from jaxformer.models import encoder_decoder as jed
 from jaxformer.models import flops
 from jaxformer.models import gpt as jgpt
+from parity_tests.support.jaxprs import equations
 
 B, T, TT, P = 2, 16, 12, 5  # batch, (source) length, target length, masked positions
 
@@ -81,26 +81,16 @@ def _pure(model):
     return (lambda state, *args: nnx.merge(graphdef, state)(*args)), state
 
 
-def _sub_jaxprs(eqn):
-    for param in eqn.params.values():
-        for value in param if isinstance(param, (list, tuple)) else (param,):
-            if isinstance(value, jex.core.ClosedJaxpr):
-                yield value.jaxpr
-            elif isinstance(value, jex.core.Jaxpr):
-                yield value
-
-
 def _dot_flops(jaxpr) -> int:
     """2 x (output elements) x (contracted size), summed over every dot_general, nested
     jaxprs (jit, custom_jvp, ...) included."""
     total = 0
-    for eqn in jaxpr.eqns:
+    for eqn in equations(jaxpr):
         if eqn.primitive.name == "dot_general":
             (lhs_contracting, _), _ = eqn.params["dimension_numbers"]
             lhs_shape = eqn.invars[0].aval.shape
             total += (2 * math.prod(eqn.outvars[0].aval.shape)
                       * math.prod(lhs_shape[d] for d in lhs_contracting))
-        total += sum(_dot_flops(sub) for sub in _sub_jaxprs(eqn))
     return total
 
 

@@ -20,6 +20,7 @@ from jaxformer.training.config import TrainConfig
 from jaxformer.training.rundir import CheckpointDamaged
 from jaxformer.training.step import TrainStep, build_model
 from jaxformer.training.tasks import model_config
+from parity_tests.support.jaxprs import raw_leaves
 from torch_ref.training.checkpoint import Checkpointer as TorchCheckpointer
 from torch_ref.training.step import TrainStep as TorchTrainStep
 from torch_ref.training.step import build_model as torch_build_model
@@ -46,9 +47,7 @@ def _trainer(framework, model_cfg, seed):
 
 def _leaves(trainer) -> list[np.ndarray]:
     """Every array of a JAX step's state, PRNG keys as their raw data."""
-    return [np.asarray(jax.random.key_data(leaf) if jax.dtypes.issubdtype(
-        leaf.dtype, jax.dtypes.prng_key) else leaf) for leaf in jax.tree.leaves(
-        trainer.state_dict())]
+    return raw_leaves(trainer.state_dict())
 
 
 @pytest.mark.parametrize("saved_packing", [PACK_BYTES, 1024, 0])

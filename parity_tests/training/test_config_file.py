@@ -17,7 +17,6 @@ import math
 import re
 import tomllib
 
-import jax
 import numpy as np
 import pytest
 
@@ -27,6 +26,7 @@ from jaxformer.training.checkpoint import Checkpointer
 from jaxformer.training.command import FLAGS
 from jaxformer.training.config import TrainConfig
 from jaxformer.training.loop import RunOptions
+from parity_tests.support.jaxprs import raw_leaves
 from parity_tests.support.training import write_corpus
 
 
@@ -228,9 +228,7 @@ def _final_params(run_dir):
                         TrainConfig(**identity["train_config"]))
     Checkpointer(run_dir / "checkpoints").restore(trainer)
     state = trainer.state_dict()
-    leaves = jax.tree.leaves((state["params"], state["opt_state"], state["rest"]))
-    return [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-                       else x) for x in leaves]
+    return raw_leaves((state["params"], state["opt_state"], state["rest"]))
 
 
 def test_config_toml_reproduces_the_run_bit_for_bit(runs):

@@ -9,7 +9,6 @@ shows far above the 1e-6 bound.
 from __future__ import annotations
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ import torch.nn.functional as F
 
 from jaxformer.training import losses as jl
 from jaxformer.training.config import IGNORE_INDEX
+from parity_tests.support.jaxprs import equations
 from torch_ref.training import losses as tl
 
 TOL = 1e-6  # float32 sums of a few dozen terms of order 10
@@ -264,15 +264,10 @@ def test_causal_lm_gradient_matches_torch_and_skips_the_last_position(padding):
     assert np.all(np.abs(grad_j[predicts]).max(-1) > 0)
 
 
-def _ops_shaped(jaxpr, shape, found=None):
+def _ops_shaped(jaxpr, shape):
     """The primitives of ``jaxpr`` (and of the jaxprs inside it) whose output has ``shape``."""
-    found = [] if found is None else found
-    for eqn in jaxpr.eqns:
-        if any(getattr(v.aval, "shape", None) == shape for v in eqn.outvars):
-            found.append(eqn.primitive.name)
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            _ops_shaped(sub, shape, found)
-    return found
+    return [eqn.primitive.name for eqn in equations(jaxpr)
+            if any(getattr(v.aval, "shape", None) == shape for v in eqn.outvars)]
 
 
 @pytest.mark.parametrize("loss", ["causal_lm", "cross_entropy_smoothed"])
