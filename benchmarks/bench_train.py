@@ -108,6 +108,10 @@ VARIANTS = {
     # XLA:CPU's LLVM optimisation level for the step's generated code (XLA's default is 3)
     "llvm-o1": dict(compiler_options={"xla_backend_optimization_level": 1}),
     "llvm-o2": dict(compiler_options={"xla_backend_optimization_level": 2}),
+    # XLA:CPU's YNNPACK fusions for products only, reductions left to XLA's own emitter
+    "ynn-no-reduce": dict(compiler_options={"xla_cpu_experimental_ynn_fusion_type":
+                                            "LIBRARY_FUSION_TYPE_DOT,"
+                                            "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}),
     # the same step, each update dispatched before the previous one's metrics are read
     # (TrainStep.dispatch / fetch): with --updates-per-call K > 1, the host's share of a step
     # overlaps the device's work
