@@ -108,7 +108,8 @@ VARIANTS = {
     # XLA:CPU's LLVM optimisation level for the step's generated code (XLA's default is 3)
     "llvm-o1": dict(compiler_options={"xla_backend_optimization_level": 1}),
     "llvm-o2": dict(compiler_options={"xla_backend_optimization_level": 2}),
-    # XLA:CPU's YNNPACK fusions for products only, reductions left to XLA's own emitter
+    # XLA:CPU's YNNPACK fusions for products only, reductions left to XLA's own emitter (its
+    # default list without LIBRARY_FUSION_TYPE_REDUCE; slower: docs/performance.md)
     "ynn-no-reduce": dict(compiler_options={"xla_cpu_experimental_ynn_fusion_type":
                                             "LIBRARY_FUSION_TYPE_DOT,"
                                             "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}),
