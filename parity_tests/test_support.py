@@ -78,3 +78,24 @@ def test_the_check_sees_every_form(source, caught, tmp_path):
     path = tmp_path / "module.py"
     path.write_text(source + "\n")
     assert bool(imports_of_test_modules(path)) is caught
+
+
+def test_the_jaxpr_walk_and_the_raw_leaves_see_everything():
+    """``support.jaxprs``: the walk reaches a nested ``jit`` and both branches of a conditional,
+    each equation before those nested in it; a PRNG key array comes back as its raw data."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from parity_tests.support.jaxprs import equations, raw_leaves
+
+    inner = jax.jit(lambda x: jax.lax.cond(x.sum() > 0, lambda y: jnp.sin(y) @ y,
+                                           lambda y: jnp.cos(y), x))
+    jaxpr = jax.make_jaxpr(lambda x: inner(x) * 2)(jnp.ones((3, 3))).jaxpr
+    names = [eqn.primitive.name for eqn in equations(jaxpr)]
+    assert names.index("jit") < names.index("cond") < min(names.index("sin"), names.index("cos"))
+    assert names.count("dot_general") == 1
+    assert names[-1] == "mul"
+    leaves = raw_leaves({"a": jnp.ones(2), "key": jax.random.key(7)})
+    assert [leaf.dtype for leaf in leaves] == [np.float32, np.uint32]
+    np.testing.assert_array_equal(leaves[1], jax.random.key_data(jax.random.key(7)))
