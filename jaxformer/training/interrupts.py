@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
 
 class RunInterrupted(Exception):
@@ -32,18 +34,29 @@ class Signals:
     checkpoint is being written (:meth:`saving`): then as soon as it is complete, so that no
     half-written one is left (orbax's writer threads cannot be stopped midway); a third during a
     save ends the process there (exit 130) after removing the unfinished checkpoint. Only in the
-    main thread (where Python runs handlers); the previous handlers come back on exit."""
+    main thread (where Python runs handlers); the previous handlers come back on exit.
+
+    Python runs a handler between any two bytecodes of the main thread, and where the bytecode is
+    a garbage-collector callback (JAX registers one), a ``__del__`` or a weakref callback, an
+    exception raised there is reported as unraisable and dropped: the run would go on and print
+    a traceback. So while the signals are ours, :class:`RunAborted` reaching
+    ``sys.unraisablehook`` is not printed: the same signal is sent to the main thread again, from
+    another thread, and raised as soon as ordinary code runs."""
 
     def __init__(self, stream, checkpointer):
         self.received: str | None = None
         self._stream, self._checkpointer = stream, checkpointer
         self._count, self._in_save, self._abort = 0, False, None
         self._previous = {}
+        self._aborting: str | None = None  # the abort raised, while it may be dropped
+        self._in_hook = False
+        self._previous_hook = None
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._handle)
+            self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
     def _say(self, text: str) -> None:
@@ -66,9 +79,44 @@ class Signals:
                       f"checkpoint was removed, the earlier ones are whole")
             os._exit(130)
         else:
-            for sig in self._previous:  # the abort's clean-up runs to its end
-                signal.signal(sig, signal.SIG_IGN)
-            raise RunAborted(name)
+            self._raise_abort(name)
+
+    def _raise_abort(self, name: str) -> NoReturn:
+        for sig in self._previous:  # the abort's clean-up runs to its end
+            signal.signal(sig, signal.SIG_IGN)
+        self._aborting = name
+        raise RunAborted(name)
+
+    def _unraisable(self, unraisable) -> None:
+        """``sys.unraisablehook`` while the signals are ours: an abort raised where Python drops
+        exceptions is raised again from ordinary code (the class docstring)."""
+        if not isinstance(unraisable.exc_value, RunAborted):
+            (self._previous_hook or sys.__unraisablehook__)(unraisable)
+            return
+        self._in_hook = True
+        try:
+            self._redeliver()
+        finally:
+            self._in_hook = False
+
+    def _redeliver(self) -> None:
+        for sig in self._previous:
+            signal.signal(sig, self._again)
+        sig = signal.Signals[self._aborting or "SIGINT"]
+        # from another thread: a handler asked for here would run inside the hook, and be dropped
+        # again; to the main thread itself, so that a blocking call there returns (EINTR)
+        timer = threading.Timer(0.001, signal.pthread_kill, (threading.main_thread().ident, sig))
+        timer.daemon = True
+        timer.start()
+
+    def _again(self, signum, frame):
+        name = self._aborting or signal.Signals(signum).name
+        if self._in_hook:  # not yet out of the hook: once more, a little later
+            self._redeliver()
+        elif self._in_save:  # a save began meanwhile: raised when it is complete
+            self._abort = name
+        else:
+            self._raise_abort(name)
 
     @contextlib.contextmanager
     def saving(self):
@@ -78,11 +126,11 @@ class Signals:
         finally:
             self._in_save = False
         if self._abort:
-            for sig in self._previous:
-                signal.signal(sig, signal.SIG_IGN)
-            raise RunAborted(self._abort)
+            self._raise_abort(self._abort)
 
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        if self._previous:
+            sys.unraisablehook = self._previous_hook
         return False

@@ -3,7 +3,8 @@ user meets them: ``jaxformer train`` in a subprocess gets SIGINT after a random 
 line (seeded), finishes that step, saves, prints the step saved and the exact command that
 resumes, exits 130 without a traceback and leaves nothing temporary; the printed command, run as
 printed, resumes from that step and every per-step loss equals an uninterrupted run's bit for
-bit (dropout on). A second signal stops at once, still without a traceback. The SIGKILL
+bit (dropout on). A second signal stops at once, still without a traceback, also where Python
+drops the exception its handler raises (a garbage-collector callback, a ``__del__``). The SIGKILL
 guarantee is ``test_kill_resume.py``'s.
 
 Sentences of the doc section and their tests: "SIGINT or SIGTERM finishes the step ..., saves,
@@ -14,6 +15,9 @@ writes the metrics and the plot, prints ... exits 130" and "resume ... prints th
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import io
 import json
 import os
 import random
@@ -25,6 +29,7 @@ import time
 
 import pytest
 
+from jaxformer.training.interrupts import RunAborted, Signals
 from parity_tests.support.helpers import fast_compile_env
 from parity_tests.support.training import write_corpus
 
@@ -126,3 +131,52 @@ def test_a_second_signal_stops_at_once(shared, tmp_path):
     assert "Traceback" not in err
     assert "stopped at once" in err or "saved step" in err
     assert not _leftovers(run_dir)
+
+
+class _SignalsOnDelete:
+    def __del__(self):
+        signal.raise_signal(signal.SIGTERM)
+
+
+@pytest.mark.parametrize("where", ["gc callback", "__del__"])
+def test_an_abort_python_drops_is_raised_again(where):
+    """The second signal's handler runs inside a garbage-collector callback (as it once did in
+    JAX's, in ``test_a_second_signal_stops_at_once``) or a ``__del__``, where Python reports the
+    exception raised as unraisable and goes on: the abort is raised again from the code that runs
+    next, and nothing is printed."""
+    fired = []
+
+    def callback(phase, info):
+        if phase == "start" and not fired:
+            fired.append(phase)
+            signal.raise_signal(signal.SIGTERM)  # runs the handler here, inside the callback
+
+    def drop_then_wait():
+        if where == "gc callback":
+            gc.collect()
+        else:
+            _SignalsOnDelete()  # deleted at once
+            fired.append(where)
+        assert fired  # the abort was raised where Python dropped it, and not here
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # raised again from here
+            time.sleep(0.01)
+
+    errors = io.StringIO()
+    before = [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
+              sys.unraisablehook]
+    with Signals(io.StringIO(), checkpointer=None) as signals:
+        signal.raise_signal(signal.SIGINT)
+        assert signals.received == "SIGINT"
+        if where == "gc callback":
+            gc.callbacks.append(callback)
+        try:
+            with contextlib.redirect_stderr(errors), pytest.raises(RunAborted, match="SIGTERM"):
+                drop_then_wait()
+        finally:
+            if callback in gc.callbacks:
+                gc.callbacks.remove(callback)
+    assert errors.getvalue() == ""
+    time.sleep(0.05)  # a redelivery would have come by now
+    assert [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
+            sys.unraisablehook] == before  # the handlers and the hook given back
