@@ -8,7 +8,6 @@ Shapes: B batch, T query length, S key length, C hidden size, nh heads, hs head 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.nn.attention import MultiHeadAttention
@@ -16,21 +15,8 @@ from jaxformer.nn.dropout import Dropout
 from jaxformer.nn.params import layer_norm, linear
 from jaxformer.sharding import constrain
 
-
-def gelu(x: jax.Array) -> jax.Array:
-    """The exact GELU as torch's ``nn.GELU()`` writes it, ``x / 2 * (1 + erf(x / sqrt 2))``.
-    ``jax.nn.gelu(approximate=False)`` writes it with ``erfc``, whose XLA lowering evaluates two
-    approximations and selects between them: twice the forward time of ``erf``'s one polynomial
-    on the CPU, 2.5-3.5% of the baby GPT's training step (docs/performance.md, "GELU"). In
-    float32 its error is the twin's (about 1e-6 absolute where ``1 + erf`` cancels, at
-    ``x < -3``, against 4e-7). A narrower dtype is computed in float32 and rounded once, as
-    torch's CPU kernels do: in bfloat16 that cancellation would cost the tail's every digit."""
-    y = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-    return (0.5 * y * (1.0 + jax.lax.erf(y * 0.7071067811865476))).astype(x.dtype)
-
-
 ACTIVATIONS = {
-    "gelu": gelu,  # erf form, torch's nn.GELU()
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # erf form, torch's nn.GELU()
     "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2's "gelu_new"
     "relu": jax.nn.relu,
     "silu": jax.nn.silu,  # x * sigmoid(x), Hugging Face's "swish" (MarianMT)

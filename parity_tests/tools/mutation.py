@@ -125,10 +125,10 @@ MUTANTS = [
            ((J + PARAMS, "use_fast_variance=False", "use_fast_variance=True"),),
            (T_BERT + "::test_bert_model", T_LN)),
     Mutant("gelu_tanh_for_exact",
-           ((J + LAYERS, '"gelu": gelu,', '"gelu": lambda x: jax.nn.gelu(x, approximate=True),'),),
+           ((J + LAYERS, "jax.nn.gelu(x, approximate=False)", "jax.nn.gelu(x, approximate=True)"),),
            (T_BERT + "::test_feed_forward",)),
     Mutant("gelu_tanh_for_exact_both_sides",
-           ((J + LAYERS, '"gelu": gelu,', '"gelu": lambda x: jax.nn.gelu(x, approximate=True),'),
+           ((J + LAYERS, "jax.nn.gelu(x, approximate=False)", "jax.nn.gelu(x, approximate=True)"),
             (TR + LAYERS, 'F.gelu(x, approximate="none")', 'F.gelu(x, approximate="tanh")')),
            (T_BERT + "::test_feed_forward", T_REF + "::test_bert_for_pretraining_against_float64"
             "_reference")),

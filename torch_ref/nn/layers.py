@@ -12,14 +12,8 @@ from torch import nn
 from torch_ref.nn.attention import MultiHeadAttention
 from torch_ref.nn.params import layer_norm
 
-
-def gelu(x):
-    """The exact GELU, ``x / 2 * (1 + erf(x / sqrt 2))``: torch's own kernel computes it so."""
-    return F.gelu(x, approximate="none")
-
-
 ACTIVATIONS = {
-    "gelu": gelu,
+    "gelu": lambda x: F.gelu(x, approximate="none"),
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
     "silu": F.silu,
