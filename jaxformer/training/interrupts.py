@@ -49,6 +49,7 @@ class Signals:
         self._count, self._in_save, self._abort = 0, False, None
         self._previous = {}
         self._aborting: str | None = None  # the abort raised, while it may be dropped
+        self._redelivery: threading.Timer | None = None  # a dropped abort's, until raised
         self._in_hook = False
         self._previous_hook = None
 
@@ -84,7 +85,7 @@ class Signals:
     def _raise_abort(self, name: str) -> NoReturn:
         for sig in self._previous:  # the abort's clean-up runs to its end
             signal.signal(sig, signal.SIG_IGN)
-        self._aborting = name
+        self._aborting, self._redelivery = name, None
         raise RunAborted(name)
 
     def _unraisable(self, unraisable) -> None:
@@ -107,6 +108,7 @@ class Signals:
         # again; to the main thread itself, so that a blocking call there returns (EINTR)
         timer = threading.Timer(0.001, signal.pthread_kill, (threading.main_thread().ident, sig))
         timer.daemon = True
+        self._redelivery = timer
         timer.start()
 
     def _again(self, signum, frame):
@@ -128,9 +130,14 @@ class Signals:
         if self._abort:
             self._raise_abort(self._abort)
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
+        pending, self._redelivery = self._redelivery, None
+        if pending is not None:  # dropped, and the block ended before it came back
+            pending.cancel()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         if self._previous:
             sys.unraisablehook = self._previous_hook
+        if pending is not None and exc_type is None:
+            raise RunAborted(self._aborting)
         return False

@@ -180,3 +180,30 @@ def test_an_abort_python_drops_is_raised_again(where):
     time.sleep(0.05)  # a redelivery would have come by now
     assert [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
             sys.unraisablehook] == before  # the handlers and the hook given back
+
+
+def test_an_abort_dropped_as_the_run_ends_is_raised_on_leaving():
+    """Dropped in a garbage-collector callback just before the signals' block ends: the abort is
+    raised as the block is left (not later, by a handler no longer ours: SIGTERM's default
+    would kill the process), and the handlers and hook are given back."""
+    def callback(phase, info):
+        if phase == "start":
+            gc.callbacks.remove(callback)
+            signal.raise_signal(signal.SIGTERM)
+
+    before = [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
+              sys.unraisablehook]
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors), pytest.raises(RunAborted, match="SIGTERM"):
+        _collect_then_leave(callback)
+    assert errors.getvalue() == ""
+    time.sleep(0.05)  # a redelivery, had it not been cancelled, would have come by now
+    assert [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
+            sys.unraisablehook] == before
+
+
+def _collect_then_leave(callback):
+    with Signals(io.StringIO(), checkpointer=None):
+        signal.raise_signal(signal.SIGINT)
+        gc.callbacks.append(callback)
+        gc.collect()
