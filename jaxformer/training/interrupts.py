@@ -41,7 +41,8 @@ class Signals:
     exception raised there is reported as unraisable and dropped: the run would go on and print
     a traceback. So while the signals are ours, :class:`RunAborted` reaching
     ``sys.unraisablehook`` is not printed: the same signal is sent to the main thread again, from
-    another thread, and raised as soon as ordinary code runs."""
+    another thread, and raised as soon as ordinary code runs, or on leaving the block if that
+    comes first."""
 
     def __init__(self, stream, checkpointer):
         self.received: str | None = None
