@@ -49,7 +49,7 @@ class Signals:
         self._stream, self._checkpointer = stream, checkpointer
         self._count, self._in_save, self._abort = 0, False, None
         self._previous = {}
-        self._aborting: str | None = None  # the abort raised, while it may be dropped
+        self._aborting = ""  # the abort raised (its signal's name), while it may be dropped
         self._redelivery: threading.Timer | None = None  # a dropped abort's, until raised
         self._in_hook = False
         self._previous_hook = None
@@ -104,7 +104,7 @@ class Signals:
     def _redeliver(self) -> None:
         for sig in self._previous:
             signal.signal(sig, self._again)
-        sig = signal.Signals[self._aborting or "SIGINT"]
+        sig = signal.Signals[self._aborting]
         # from another thread: a handler asked for here would run inside the hook, and be dropped
         # again; to the main thread itself, so that a blocking call there returns (EINTR)
         timer = threading.Timer(0.001, signal.pthread_kill, (threading.main_thread().ident, sig))
@@ -113,7 +113,7 @@ class Signals:
         timer.start()
 
     def _again(self, signum, frame):
-        name = self._aborting or signal.Signals(signum).name
+        name = self._aborting  # set before anything could drop it
         if self._in_hook:  # not yet out of the hook: once more, a little later
             self._redeliver()
         elif self._in_save:  # a save began meanwhile: raised when it is complete

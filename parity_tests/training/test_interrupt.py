@@ -133,6 +133,10 @@ def test_a_second_signal_stops_at_once(shared, tmp_path):
     assert not _leftovers(run_dir)
 
 
+def _handlers():
+    return [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.unraisablehook]
+
+
 class _SignalsOnDelete:
     def __del__(self):
         signal.raise_signal(signal.SIGTERM)
@@ -163,8 +167,7 @@ def test_an_abort_python_drops_is_raised_again(where):
             time.sleep(0.01)
 
     errors = io.StringIO()
-    before = [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
-              sys.unraisablehook]
+    before = _handlers()
     with Signals(io.StringIO(), checkpointer=None) as signals:
         signal.raise_signal(signal.SIGINT)
         assert signals.received == "SIGINT"
@@ -178,8 +181,7 @@ def test_an_abort_python_drops_is_raised_again(where):
                 gc.callbacks.remove(callback)
     assert errors.getvalue() == ""
     time.sleep(0.05)  # a redelivery would have come by now
-    assert [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
-            sys.unraisablehook] == before  # the handlers and the hook given back
+    assert _handlers() == before  # the handlers and the hook given back
 
 
 def test_an_abort_dropped_as_the_run_ends_is_raised_on_leaving():
@@ -191,15 +193,13 @@ def test_an_abort_dropped_as_the_run_ends_is_raised_on_leaving():
             gc.callbacks.remove(callback)
             signal.raise_signal(signal.SIGTERM)
 
-    before = [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
-              sys.unraisablehook]
+    before = _handlers()
     errors = io.StringIO()
     with contextlib.redirect_stderr(errors), pytest.raises(RunAborted, match="SIGTERM"):
         _collect_then_leave(callback)
     assert errors.getvalue() == ""
     time.sleep(0.05)  # a redelivery, had it not been cancelled, would have come by now
-    assert [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
-            sys.unraisablehook] == before
+    assert _handlers() == before
 
 
 def _collect_then_leave(callback):
